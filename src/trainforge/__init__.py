@@ -1,0 +1,35 @@
+"""trainforge: plan, train, evaluate and compress PyTorch models from YAML recipes.
+
+The Python API:
+
+    import trainforge
+    cfg = trainforge.load_config("recipes/digits_cnn.yaml", ["train.epochs=3"])
+    result = trainforge.train(cfg, run_dir="runs/try")      # -> TrainResult(run_dir, status, steps, eval, ...)
+    metrics = trainforge.evaluate("runs/try", split="test")  # -> dict (accuracy, macro_f1, ...)
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from trainforge.config import Config, load_config
+from trainforge.errors import JobFailed, UserError
+
+__version__ = "0.1.0"
+__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "__version__"]
+
+if TYPE_CHECKING:
+    from trainforge.train.loop import TrainResult
+
+
+def train(config: Any = None, **kwargs: Any) -> "TrainResult":
+    """See `trainforge.train.api.train`. Imported lazily so `import trainforge` stays cheap."""
+    from trainforge.train.api import train as _train
+
+    return _train(config, **kwargs)
+
+
+def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:
+    """Metrics of a run dir, final/ or checkpoints/step-* on a split. See `trainforge.train.evaluate`."""
+    from trainforge.train.evaluate import evaluate_checkpoint
+
+    return evaluate_checkpoint(checkpoint, split=split, device=device)

@@ -1,0 +1,160 @@
+"""The `trainforge` command line: parse, call the Python API, render. Nothing else lives here.
+
+    trainforge train                                  # the default recipe (digits, a CNN)
+    trainforge train recipes/charlm_gpt.yaml optim.lr=1e-3 train.epochs=2 --run-dir runs/lm
+    trainforge train --run-dir runs/lm --resume auto  # continue after a crash or preemption
+    trainforge eval runs/lm --split test --json
+    trainforge recipes
+
+Exit codes: 0 success, 1 the job failed (e.g. diverged), 2 bad input (one line naming the field or
+file and the fix).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from trainforge.errors import JobFailed, UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Plan, train, evaluate and compress PyTorch models from YAML recipes.",
+)
+out = Console()  # stdout: results
+err = Console(stderr=True)  # stderr: progress, logs, errors
+
+
+def _split_recipe(recipe: Optional[str], overrides: Optional[List[str]]) -> tuple[Optional[str], list[str]]:
+    """`trainforge train optim.lr=1e-3` means the default recipe with an override."""
+    overrides = list(overrides or [])
+    if recipe is not None and "=" in recipe:
+        return None, [recipe, *overrides]
+    return recipe, overrides
+
+
+def _print_json(doc: Any) -> None:
+    from trainforge.train.metrics import json_safe
+
+    sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")
+
+
+@app.command()
+def train(
+    recipe: Optional[str] = typer.Argument(None, help="Recipe YAML path or built-in name; default: digits_cnn."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. optim.lr=3e-4"),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default runs/<name>-<time>)."),
+    resume: Optional[str] = typer.Option(None, "--resume", help="'auto' or a run/checkpoint directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
+) -> None:
+    """Train a model from a recipe (with no recipe: the built-in default, digits with a CNN)."""
+    from trainforge.train.api import train as run_train
+
+    recipe, overrides = _split_recipe(recipe, overrides)
+    if resume is not None and resume != "auto" and not Path(resume).exists():
+        raise UserError(f"--resume: {resume} does not exist; pass 'auto' or a run/checkpoint directory")
+    result = run_train(recipe, overrides=overrides, run_dir=run_dir, resume=resume)
+    doc = {
+        "run_dir": str(result.run_dir),
+        "status": result.status,
+        "steps": result.steps,
+        "skipped_steps": result.skipped_steps,
+        "micro_batch_size": result.micro_batch_size,
+        "val": result.val,
+        "eval": {k: v for k, v in result.eval.items() if k not in ("per_class", "confusion_matrix")},
+    }
+    if as_json:
+        _print_json(doc)
+        return
+    table = Table(title=f"run {result.status}", show_header=False)
+    table.add_row("run dir", str(result.run_dir))
+    table.add_row("steps", str(result.steps))
+    for k, v in doc["eval"].items():
+        if isinstance(v, float):
+            table.add_row(f"test {k}", f"{v:.4f}")
+    if result.status == "interrupted":
+        table.add_row("resume", f"trainforge train --run-dir {result.run_dir} --resume auto")
+    out.print(table)
+
+
+@app.command("eval")
+def eval_cmd(
+    checkpoint: Path = typer.Argument(..., help="A run directory, its final/, or a checkpoints/step-* directory."),
+    split: str = typer.Option("test", "--split", help="train | val | test"),
+    device: Optional[str] = typer.Option(None, "--device", help="Override train.device (auto, cpu, cuda:0, ...)."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+) -> None:
+    """Evaluate a checkpoint: accuracy, macro-F1, per-class report and confusion matrix (or perplexity)."""
+    from trainforge.train.evaluate import evaluate_checkpoint
+
+    result = evaluate_checkpoint(checkpoint, split=split, device=device)
+    if as_json:
+        _print_json(result)
+        return
+    table = Table(title=f"{split} split of {result['checkpoint']} (step {result['step']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k in ("loss", "accuracy", "macro_f1", "perplexity", "num_samples"):
+        if k in result:
+            v = result[k]
+            table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
+    out.print(table)
+    if "per_class" in result:
+        pc = Table(title="per class")
+        for col in ("class", "precision", "recall", "f1", "support"):
+            pc.add_column(col, justify="right")
+        for name, m in result["per_class"].items():
+            pc.add_row(name, f"{m['precision']:.3f}", f"{m['recall']:.3f}", f"{m['f1']:.3f}", str(m["support"]))
+        out.print(pc)
+        cm = Table(title="confusion matrix (rows: true, columns: predicted)")
+        cm.add_column("")
+        for name in result["class_names"]:
+            cm.add_column(name, justify="right")
+        for name, row in zip(result["class_names"], result["confusion_matrix"]):
+            cm.add_row(name, *[str(v) for v in row])
+        out.print(cm)
+
+
+@app.command()
+def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document.")) -> None:
+    """List the built-in recipes and the command that runs each."""
+    from trainforge.config import builtin_recipes
+
+    rows = []
+    for name, path in builtin_recipes().items():
+        first = path.read_text().splitlines()[:1]
+        command = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
+        rows.append({"name": name, "path": str(path), "command": command})
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="built-in recipes")
+    table.add_column("name")
+    table.add_column("run with")
+    for r in rows:
+        table.add_row(r["name"], r["command"])
+    out.print(table)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Console-script entry point: user errors exit 2 with one line, job failures exit 1."""
+    try:
+        app(args=argv)  # standalone: typer/click handle usage errors (exit 2) and call sys.exit
+    except UserError as e:
+        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except JobFailed as e:
+        err.print(f"[red]failed:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+"""The typed recipe: pydantic models, YAML loading, dotted KEY=VALUE overrides.
+
+    cfg = load_config("recipes/digits_cnn.yaml", ["optim.lr=3e-4", "train.epochs=2"])
+
+Every section forbids unknown keys. All user mistakes surface as `UserError` with one line that
+names the field and the fix, e.g. ``optim.lr: expected a number, got 'fast'``.
+"""
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainforge.errors import UserError
+
+DEFAULT_RECIPE = "digits_cnn"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AugmentConfig(Section):
+    """Train-split augmentation (torchvision.transforms.v2); all off by default."""
+
+    rotation_deg: float = Field(0.0, ge=0, le=180)
+    crop_scale: Optional[tuple[float, float]] = None  # RandomResizedCrop scale range, e.g. [0.8, 1.0]
+    hflip: float = Field(0.0, ge=0, le=1)  # probability
+    vflip: float = Field(0.0, ge=0, le=1)
+    color_jitter: float = Field(0.0, ge=0, le=1)  # brightness/contrast/saturation strength
+
+    @field_validator("crop_scale")
+    @classmethod
+    def _scale_range(cls, v: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+        if v is not None and not (0 < v[0] <= v[1] <= 1):
+            raise ValueError(f"need 0 < low <= high <= 1, got {list(v)}")
+        return v
+
+
+class CleanConfig(Section):
+    dedup: bool = True  # drop exact duplicate samples (content hash)
+    drop_nonfinite: bool = True  # drop rows with NaN/inf features
+
+
+class DataConfig(Section):
+    source: str = "digits"
+    path: Optional[str] = None  # file or folder for imagefolder/csv/jsonl/textfile
+    target: Optional[str] = None  # "pkg.module:factory" when source is custom
+    args: dict[str, Any] = Field(default_factory=dict)  # source-specific arguments
+    download: bool = False  # torchvision datasets only; never implicit
+    val_fraction: float = Field(0.15, ge=0, lt=1)
+    test_fraction: float = Field(0.2, ge=0, lt=1)
+    normalize: Literal["zscore", "minmax", "none"] = "zscore"
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    clean: CleanConfig = Field(default_factory=CleanConfig)
+    num_workers: Union[int, Literal["auto"]] = "auto"
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers(cls, v: Union[int, str]) -> Union[int, str]:
+        if isinstance(v, int) and v < 0:
+            raise ValueError(f"must be >= 0 or 'auto', got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _fractions(self) -> "DataConfig":
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError(
+                "data.val_fraction + data.test_fraction must leave at least 10% for training"
+            )
+        return self
+
+
+class ModelConfig(Section):
+    name: str = "cnn"
+    target: Optional[str] = None  # "pkg.module:factory" when name is custom
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class OptimConfig(Section):
+    name: str = "adamw"
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    momentum: float = Field(0.9, ge=0, lt=1)  # sgd
+    nesterov: bool = False  # sgd
+    eps: float = Field(1e-8, gt=0)
+
+
+class ScheduleConfig(Section):
+    name: str = "cosine"
+    warmup_steps: int = Field(0, ge=0)
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)  # floor of cosine/linear decay, as a fraction of lr
+    step_size: int = Field(1000, gt=0)  # "step": decay every step_size optimizer steps
+    gamma: float = Field(0.1, gt=0, le=1)  # "step": multiply by gamma
+
+
+class EarlyStoppingConfig(Section):
+    metric: str = "loss"  # a val metric name: loss, accuracy, macro_f1, perplexity
+    mode: Literal["min", "max"] = "min"
+    patience: int = Field(5, gt=0)  # evaluations without improvement
+    min_delta: float = Field(0.0, ge=0)
+
+
+class TrainConfig(Section):
+    epochs: int = Field(10, gt=0)
+    max_steps: Optional[int] = Field(None, gt=0)  # overrides epochs when set
+    global_batch_size: int = Field(64, gt=0)
+    micro_batch_size: Union[int, Literal["auto"]] = 64
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    compile: bool = False
+    deterministic: bool = False
+    device: str = "auto"
+    eval_every_steps: Optional[int] = Field(None, gt=0)  # default: once per epoch
+    checkpoint_every_steps: Optional[int] = Field(None, gt=0)  # default: once per epoch
+    keep_checkpoints: int = Field(3, gt=0)
+    grad_clip_norm: Optional[float] = Field(1.0, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    ema_decay: Optional[float] = Field(None, gt=0, lt=1)
+    early_stopping: Optional[EarlyStoppingConfig] = None
+    max_bad_steps: int = Field(5, gt=0)  # non-finite losses in a row before the run stops
+    channels_last: Union[bool, Literal["auto"]] = "auto"  # auto: CNN inputs on CUDA
+    log_every_steps: int = Field(10, gt=0)
+    num_threads: Optional[int] = Field(None, gt=0)  # CPU intra-op threads
+    memory_budget_bytes: Optional[int] = Field(None, gt=0)  # CPU budget for micro_batch_size: auto
+
+    @field_validator("micro_batch_size")
+    @classmethod
+    def _micro(cls, v: Union[int, str]) -> Union[int, str]:
+        if isinstance(v, int) and v <= 0:
+            raise ValueError(f"must be a positive integer or 'auto', got {v}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        kind = v.split(":", 1)[0]
+        valid = ("auto", "cpu", "cuda", "mps", "xpu", "npu")
+        if kind not in valid:
+            raise ValueError(f"expected one of {', '.join(valid)} (optionally with :N), got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _batches(self) -> "TrainConfig":
+        if isinstance(self.micro_batch_size, int) and self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"train.micro_batch_size ({self.micro_batch_size}); accumulation = global / (micro x world size)"
+            )
+        return self
+
+
+class DistributedConfig(Section):
+    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+
+
+class LogConfig(Section):
+    tensorboard: bool = True
+    progress: bool = True  # rich progress bar on stderr
+    runs_root: str = "runs"  # parent of runs/<name>-<timestamp>/ when --run-dir is not given
+
+
+class Config(Section):
+    name: str = "run"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not v or any(c in v for c in "/\\\0") or v.startswith("."):
+            raise ValueError(f"must be a plain name usable in a folder name, got {v!r}")
+        return v
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def recipes_dir() -> Path:
+    """Built-in recipes: the repo's recipes/ folder (editable install) or the packaged copy."""
+    repo = Path(__file__).resolve().parents[2] / "recipes"
+    if repo.is_dir():
+        return repo
+    return Path(str(importlib.resources.files("trainforge") / "recipes"))
+
+
+def builtin_recipes() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(recipes_dir().glob("*.yaml"))}
+
+
+def resolve_recipe(recipe: Optional[str]) -> Path:
+    """A path to a YAML file, or the name of a built-in recipe; None means the default recipe."""
+    if recipe is None:
+        recipe = DEFAULT_RECIPE
+    path = Path(recipe)
+    if path.is_file():
+        return path
+    builtin = builtin_recipes()
+    if recipe in builtin:
+        return builtin[recipe]
+    if path.suffix in (".yaml", ".yml") or "/" in recipe:
+        raise UserError(f"{recipe}: recipe file not found; give a path to a YAML file or one of: {', '.join(builtin)}")
+    raise UserError(f"{recipe}: no such recipe; give a path to a YAML file or one of: {', '.join(builtin)}")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: a recipe must be a YAML mapping of sections (data, model, optim, ...)")
+    return raw
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise UserError(f"{item}: overrides are KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise UserError(f"{item}: empty key segment; use a dotted key like train.epochs=5")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UserError(f"{item}: {'.'.join(parts[: i + 1])} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return raw
+
+
+_TYPE_WORDS = {
+    "float_parsing": "expected a number",
+    "float_type": "expected a number",
+    "int_parsing": "expected an integer",
+    "int_type": "expected an integer",
+    "int_from_float": "expected an integer",
+    "bool_parsing": "expected true or false",
+    "bool_type": "expected true or false",
+    "string_type": "expected a string",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "tuple_type": "expected a list",
+    "list_type": "expected a list",
+}
+
+
+def format_validation_error(err: ValidationError) -> str:
+    """The first problem as one line: `field.path: what is wrong and how to fix it`."""
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    kind = e["type"]
+    got = e.get("input")
+    if kind == "extra_forbidden":
+        parent = _section_for(e["loc"][:-1])
+        valid = ", ".join(parent.model_fields) if parent else ""
+        return f"{loc}: unknown key; valid keys here: {valid}"
+    if kind in _TYPE_WORDS:
+        return f"{loc}: {_TYPE_WORDS[kind]}, got {got!r}"
+    if kind == "literal_error":
+        return f"{loc}: {e['msg'].lower()}, got {got!r}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return f"{loc}: {e['msg'].lower()}, got {got!r}"
+    msg = e["msg"].removeprefix("Value error, ")
+    if msg.startswith(("train.", "data.", "model.", "optim.")):
+        return msg
+    return f"{loc or 'config'}: {msg}"
+
+
+def _section_for(loc: tuple) -> Optional[type[BaseModel]]:
+    model: type[BaseModel] = Config
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        candidates = [ann, *getattr(ann, "__args__", ())]
+        nxt = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if nxt is None:
+            return None
+        model = nxt
+    return model
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(format_validation_error(err)) from None
+
+
+def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Load a recipe (a path or a built-in name; None = the default recipe) and apply overrides."""
+    recipe = resolve_recipe(None if path is None else str(path))
+    raw = read_yaml(recipe)
+    raw = apply_overrides(raw, list(overrides or []))
+    return config_from_dict(raw)
+
+
+def config_from_yaml_text(text: str) -> Config:
+    """Rebuild a config stored in a checkpoint or run directory."""
+    return config_from_dict(yaml.safe_load(text) or {})

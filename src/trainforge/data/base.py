@@ -1,0 +1,47 @@
+"""What the rest of trainforge knows about a dataset: its `DataInfo` and the `DataBundle` of splits."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from torch.utils.data import Dataset
+
+Task = Literal["classification", "lm"]
+Modality = Literal["image", "tabular", "text"]
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """Shape facts a model factory, the planner and the exporter need; no samples.
+
+    classification: x is float32 (image: C,H,W; tabular: F) or int64 tokens (text: T); y is int64 ().
+    lm: x and y are int64 (T,); y is x shifted by one token.
+    """
+
+    task: Task
+    modality: Modality
+    input_shape: tuple[int, ...]  # one sample, without the batch dimension
+    input_dtype: Literal["float32", "int64"]
+    num_classes: int  # classification: number of classes; lm: vocab size
+    class_names: tuple[str, ...] = ()
+    vocab_size: Optional[int] = None  # token inputs only
+    seq_len: Optional[int] = None  # token inputs only
+
+
+@dataclass
+class DataBundle:
+    """The three splits plus what was learned about the data.
+
+    `train[(epoch, index)]` returns (x, y) with augmentation drawn from a generator seeded by
+    (seed, epoch, index), so a sample's randomness depends on its position, never on history.
+    `val[index]` and `test[index]` return (x, y) with no augmentation.
+    `preprocess` is JSON-able (normalization statistics, tokenizer, image size): stored with the model.
+    `report` is JSON-able: written to data_report.json.
+    """
+
+    info: DataInfo
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    preprocess: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)

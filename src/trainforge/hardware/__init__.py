@@ -1,0 +1,1 @@
+"""Hardware facts and device handling."""

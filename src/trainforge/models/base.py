@@ -1,0 +1,28 @@
+"""The one model contract of the zoo.
+
+A factory is registered under a name and called as ``factory(info, **model.args)``; it returns
+``(module, InputSpec)``. The module maps a batch of inputs to logits: (B, num_classes) for
+classification, (B, T, vocab) for language models. It knows nothing of DDP, AMP or compile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    shape: tuple[int, ...]  # one sample, without the batch dimension
+    dtype: torch.dtype
+    high: Optional[int] = None  # exclusive upper bound of integer token ids
+
+    def example(self, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """An example batch of `batch_size` inputs (deterministic, for planning, export and tests)."""
+        g = torch.Generator().manual_seed(0)
+        if self.dtype.is_floating_point:
+            x = torch.randn((batch_size, *self.shape), generator=g, dtype=self.dtype)
+        else:
+            x = torch.randint(0, self.high or 2, (batch_size, *self.shape), generator=g, dtype=self.dtype)
+        return x.to(device)

@@ -1,0 +1,1 @@
+"""Training: the loop and its helpers (precision, schedule, optimizer, checkpoints, micro-batching)."""

@@ -1,0 +1,93 @@
+"""Evaluation: loss and task metrics of a model on a split.
+
+    trainforge eval runs/digits_cnn-.../ --split test --json
+    trainforge.evaluate("runs/digits_cnn-.../", split="test")
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from trainforge.data.base import DataInfo
+from trainforge.errors import UserError
+from trainforge.train.artifacts import load_trained
+from trainforge.train.losses import task_loss
+from trainforge.train.metrics import classification_metrics, lm_metrics
+from trainforge.train.precision import autocast
+
+SPLITS = ("train", "val", "test")
+
+
+@torch.no_grad()
+def evaluate_model(
+    model: nn.Module,
+    loader: DataLoader,
+    *,
+    info: DataInfo,
+    device: torch.device,
+    precision: str = "fp32",
+    detailed: bool = True,
+) -> dict[str, Any]:
+    """Mean loss (no label smoothing) and the task's metrics; `detailed` adds per-class report and confusion."""
+    was_training = model.training
+    model.eval()
+    total_loss, count = 0.0, 0
+    preds, targets = [], []
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast(device, precision):
+            logits = model(x)
+        loss = task_loss(logits.float(), y, info.task, label_smoothing=0.0, reduction="sum")
+        total_loss += float(loss)
+        count += y.numel()
+        if info.task == "classification":
+            preds.append(logits.argmax(-1).cpu())
+            targets.append(y.cpu())
+    model.train(was_training)
+    if count == 0:
+        raise UserError("the evaluation split is empty; raise data.val_fraction / data.test_fraction")
+    mean_loss = total_loss / count
+    out: dict[str, Any] = {"loss": mean_loss, "num_samples": len(loader.dataset)}
+    if info.task == "lm":
+        out.update(lm_metrics(mean_loss))
+        return out
+    names = list(info.class_names) or [str(i) for i in range(info.num_classes)]
+    m = classification_metrics(torch.cat(targets).numpy(), torch.cat(preds).numpy(), names)
+    out["accuracy"], out["macro_f1"] = m["accuracy"], m["macro_f1"]
+    if detailed:
+        out["per_class"] = m["per_class"]
+        out["confusion_matrix"] = m["confusion_matrix"]
+        out["class_names"] = names
+    return out
+
+
+def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[str] = None) -> dict[str, Any]:
+    """Evaluate a run dir / final/ / checkpoints/step-* on a split of the data it was trained on."""
+    from trainforge.data import build_data
+    from trainforge.data.loader import make_eval_loader
+    from trainforge.hardware.device import resolve_device
+    from trainforge.train.precision import resolve_precision
+
+    if split not in SPLITS:
+        raise UserError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
+    trained = load_trained(path)
+    cfg = trained.config
+    dev = resolve_device(device or cfg.train.device)
+    data = build_data(cfg.data, seed=cfg.seed)
+    dataset = {"train": _plain_train(data), "val": data.val, "test": data.test}[split]
+    model = trained.build_model().to(dev)
+    batch = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else 256
+    loader = make_eval_loader(dataset, batch_size=batch, num_workers=0, pin_memory=dev.type == "cuda")
+    result = evaluate_model(model, loader, info=trained.info, device=dev, precision=resolve_precision(cfg.train.precision, dev))
+    return {"split": split, "step": trained.step, "checkpoint": str(trained.source), **result}
+
+
+def _plain_train(data) -> Any:
+    """The train split without augmentation, for `--split train`."""
+    return getattr(data, "train_eval", None) or data.train
+

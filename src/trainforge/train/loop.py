@@ -1,0 +1,390 @@
+"""THE training loop: one function, read top to bottom.
+
+    result = fit(cfg, run_dir)                       # fresh run
+    result = fit(cfg, run_dir, resume_from=ckpt)     # continue exactly where a checkpoint left off
+
+Order of one optimizer step: set the LR for this step (a pure function of the step) -> forward and
+backward over `accumulation` micro-batches under autocast -> skip the step if the loss is not finite
+-> unscale, clip -> optimizer step -> EMA. Then, when due: log a train row, evaluate (val row, early
+stopping), checkpoint. A CUDA out-of-memory error inside a step halves the micro-batch, doubles the
+accumulation and retries the same step on the same samples. SIGTERM/SIGINT finish the current step,
+save a checkpoint and return.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import nn
+
+from trainforge.config import Config
+from trainforge.data import build_data
+from trainforge.data.loader import (
+    PositionBatchSampler,
+    make_eval_loader,
+    make_train_loader,
+    resolve_num_workers,
+    steps_per_epoch,
+)
+from trainforge.errors import JobFailed
+from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, reset_peak_memory, resolve_device
+from trainforge.models import build_model, is_convolutional
+from trainforge.report import write_report
+from trainforge.train.artifacts import info_to_dict, save_final_model
+from trainforge.train.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, write_text_atomic
+from trainforge.train.early_stop import EarlyStopper
+from trainforge.train.ema import EMA
+from trainforge.train.evaluate import evaluate_model
+from trainforge.train.losses import task_loss
+from trainforge.train.metrics import MetricsLog, read_metrics
+from trainforge.train.microbatch import accumulation_steps, halve_micro_batch
+from trainforge.train.optim import build_optimizer, set_lr
+from trainforge.train.precision import autocast, make_scaler, resolve_precision
+from trainforge.train.progress import TrainProgress
+from trainforge.train.rng import get_rng_state, seed_everything, set_rng_state
+from trainforge.train.schedule import lr_at
+from trainforge.train.signals import stop_on_signals
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    status: str  # completed | early_stopped | interrupted
+    steps: int
+    eval: dict[str, Any] = field(default_factory=dict)  # test metrics of the final model (eval.json)
+    val: dict[str, Any] = field(default_factory=dict)  # last validation metrics
+    skipped_steps: int = 0
+    micro_batch_size: int = 0
+
+
+def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> TrainResult:
+    run_dir = Path(run_dir)
+    tc = cfg.train
+    device = resolve_device(tc.device)
+    precision = resolve_precision(tc.precision, device)
+    with determinism(tc.deterministic, tc.num_threads, device), stop_on_signals() as stop:
+        seed_everything(cfg.seed)
+
+        # ---- data, model, optimizer
+        data = build_data(cfg.data, seed=cfg.seed)
+        info = data.info
+        write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+        write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
+        model, _ = build_model(cfg.model, info)
+        channels_last = tc.channels_last is True or (
+            tc.channels_last == "auto" and device.type == "cuda" and is_convolutional(model)
+        )
+        model.to(device, memory_format=torch.channels_last) if channels_last else model.to(device)
+        optimizer = build_optimizer(model, cfg.optim)
+        scaler = make_scaler(device, precision)
+        ema = EMA(model, tc.ema_decay) if tc.ema_decay else None
+        es = tc.early_stopping
+        stopper = EarlyStopper(es.metric, es.mode, es.patience, es.min_delta) if es else None
+        best_state: dict[str, torch.Tensor] = {}
+
+        # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
+        global_batch = tc.global_batch_size
+        micro = tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else global_batch  # OOM recovery shrinks it
+        accumulation = accumulation_steps(global_batch, micro)
+        per_epoch = steps_per_epoch(len(data.train), global_batch)
+        total_steps = tc.max_steps or tc.epochs * per_epoch
+        eval_every = tc.eval_every_steps or per_epoch
+        ckpt_every = tc.checkpoint_every_steps or per_epoch
+
+        # ---- resume: weights, optimizer, scaler, EMA, early stopping, counters, then RNG last
+        start_step, skipped, bad_in_row = 0, 0, 0
+        if resume_from is not None:
+            weights, state = load_checkpoint(resume_from)
+            load_model_weights(model, weights)
+            optimizer.load_state_dict(state["optimizer"])
+            scaler.load_state_dict(state["scaler"])
+            if ema is not None and state["ema"]:
+                ema.load_state_dict(state["ema"])
+            if stopper is not None and state["early_stop"]:
+                stopper.load_state_dict(state["early_stop"])
+            best_state = state["best_model"]
+            start_step, skipped, bad_in_row = state["step"], state["skipped_steps"], state["bad_steps_in_row"]
+            micro, accumulation = state["micro_batch_size"], state["accumulation"]
+            set_rng_state(state["rng"])
+        truncate_metrics(run_dir / "metrics.jsonl", after_step=start_step)
+
+        # ---- data loaders; the sampler makes the order a function of (seed, epoch)
+        workers = resolve_num_workers(cfg.data.num_workers, device.type)
+        pin = device.type == "cuda"
+        sampler = PositionBatchSampler(
+            len(data.train), seed=cfg.seed, micro_batch_size=micro, global_batch_size=global_batch
+        )
+        loader = make_train_loader(data.train, sampler, num_workers=workers, pin_memory=pin)
+        val_loader = make_eval_loader(data.val, batch_size=max(micro, 64), num_workers=workers, pin_memory=pin)
+        step_model: nn.Module = torch.compile(model) if tc.compile else model
+
+        def batches_from(epoch: int, position: int) -> Iterator:
+            sampler.set_position(epoch, position * global_batch)
+            return iter(loader)
+
+        def evaluate_now(detailed: bool = False) -> dict[str, Any]:
+            with ema.swapped_in(model) if ema else contextlib.nullcontext():
+                return evaluate_model(model, val_loader, info=info, device=device, precision=precision, detailed=detailed)
+
+        def checkpoint(done: int) -> None:
+            save_checkpoint(
+                run_dir / "checkpoints",
+                done,
+                model.state_dict(),
+                {
+                    "step": done,
+                    "epoch": done // per_epoch,
+                    "start_sample": (done % per_epoch) * global_batch,
+                    "sampler_seed": cfg.seed,
+                    "micro_batch_size": micro,
+                    "accumulation": accumulation,
+                    "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(),
+                    "ema": ema.state_dict() if ema else {},
+                    "early_stop": stopper.state_dict() if stopper else {},
+                    "best_model": best_state,
+                    "skipped_steps": skipped,
+                    "bad_steps_in_row": bad_in_row,
+                    "rng": get_rng_state(),
+                    "config_yaml": cfg.to_yaml(),
+                    "data_info_json": json.dumps(info_to_dict(info)),
+                    "preprocess_json": json.dumps(data.preprocess),
+                },
+                keep=tc.keep_checkpoints,
+            )
+
+        metrics = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
+        progress = TrainProgress(total_steps, start_step, enabled=cfg.log.progress)
+        if start_step:
+            progress.log(f"resumed at step {start_step} of {total_steps} (epoch {start_step // per_epoch})")
+        status, val, batches, done = "completed", {}, None, start_step
+        window = Window()
+        reset_peak_memory(device)
+        model.train()
+        try:
+            # ================================================================ the loop
+            for step in range(start_step, total_steps):
+                epoch, position = divmod(step, per_epoch)
+                if batches is None or position == 0:
+                    batches = batches_from(epoch, position)
+                lr = lr_at(step, base_lr=cfg.optim.lr, total_steps=total_steps, cfg=cfg.schedule)
+                set_lr(optimizer, lr)
+
+                # forward + backward over the micro-batches; on OOM retry the same samples smaller
+                rng_at_step = torch.get_rng_state()
+                while True:
+                    try:
+                        loss_sum, wait_s = forward_backward(
+                            step_model, batches, accumulation, device=device, precision=precision, scaler=scaler,
+                            task=info.task, label_smoothing=tc.label_smoothing, channels_last=channels_last,
+                        )
+                        break
+                    except Exception as exc:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
+                        if not is_oom(exc):
+                            raise
+                        del exc
+                        optimizer.zero_grad(set_to_none=True)
+                        empty_cache(device)
+                        micro, accumulation = halve_micro_batch(micro, accumulation)
+                        progress.log(f"[yellow]out of memory at step {step}: micro-batch -> {micro}, accumulation -> {accumulation}")
+                        torch.set_rng_state(rng_at_step)
+                        sampler.set_micro_batch_size(micro)
+                        batches = batches_from(epoch, position)
+                loss = loss_sum.item()
+
+                # a non-finite loss skips the update; too many in a row ends the run (last checkpoint intact)
+                if math.isfinite(loss):
+                    bad_in_row = 0
+                    scaler.unscale_(optimizer)
+                    grad_norm = grad_norm_and_clip(model, tc.grad_clip_norm, measure=(step + 1) % tc.log_every_steps == 0)
+                    scaler.step(optimizer)
+                    scaler.update()
+                    if ema is not None:
+                        ema.update(model)
+                    window.add(loss, wait_s)
+                else:
+                    skipped, bad_in_row, grad_norm = skipped + 1, bad_in_row + 1, None
+                    progress.log(f"[yellow]step {step}: non-finite loss ({loss}), update skipped ({bad_in_row} in a row)")
+                    if bad_in_row >= tc.max_bad_steps:
+                        raise JobFailed(
+                            f"{bad_in_row} non-finite losses in a row at step {step}: the run diverged; lower optim.lr, "
+                            f"use train.precision=fp32 or bf16, or lower train.grad_clip_norm. The last good "
+                            f"checkpoint is kept in {run_dir / 'checkpoints'}"
+                        )
+                optimizer.zero_grad(set_to_none=True)
+                done = step + 1
+
+                # log a train row
+                if done % tc.log_every_steps == 0 or done == total_steps:
+                    row = window.row(device, global_batch)
+                    row.update(split="train", step=done, epoch=round(done / per_epoch, 4), lr=lr, grad_norm=grad_norm)
+                    metrics.log(row)
+                    progress.update(done, epoch, row["loss"], lr, row["samples_per_s"])
+                    window = Window()
+
+                # evaluate: val row, early stopping, best weights
+                if done % eval_every == 0 or done == total_steps:
+                    val = evaluate_now()
+                    metrics.log({"split": "val", "step": done, "epoch": round(done / per_epoch, 4), **val})
+                    if stopper is not None:
+                        if stopper.update(val):
+                            source = ema.shadow if ema else model.state_dict()
+                            best_state = {k: v.detach().to("cpu", copy=True) for k, v in source.items()}
+                        if stopper.should_stop:
+                            status = "early_stopped"
+                            progress.log(f"early stopping at step {done}: no {stopper.metric} improvement "
+                                         f"in {stopper.patience} evaluations (best {stopper.best:.4f})")
+
+                # checkpoint when due, at the end, on a signal and on early stop
+                if done % ckpt_every == 0 or done == total_steps or stop or status != "completed":
+                    checkpoint(done)
+                if stop:
+                    status = "interrupted"
+                    progress.log(f"{stop.signal_name}: checkpoint saved at step {done}; resume with --resume auto")
+                if status != "completed":
+                    break
+            # ================================================================ end of the loop
+        finally:
+            progress.close()
+            metrics.close()
+
+        result = TrainResult(run_dir, status, done, val=val, skipped_steps=skipped, micro_batch_size=micro)
+        if status == "interrupted":
+            return result
+
+        # ---- the final model: best (early stopping) > EMA > last weights; test metrics; report
+        if best_state:
+            load_model_weights(model, best_state)
+        elif ema is not None:
+            model.load_state_dict(ema.shadow, strict=False)
+        save_final_model(run_dir, model.state_dict(), cfg, info, data.preprocess, done, metrics=val)
+        test_loader = make_eval_loader(data.test, batch_size=max(micro, 64), num_workers=0, pin_memory=pin)
+        test = evaluate_model(model, test_loader, info=info, device=device, precision=precision, detailed=True)
+        result.eval = {"split": "test", "step": done, **test}
+        write_text_atomic(run_dir / "eval.json", json.dumps(result.eval, indent=1))
+        write_report(run_dir)
+        return result
+
+
+def forward_backward(
+    model: nn.Module,
+    batches: Iterator,
+    accumulation: int,
+    *,
+    device: torch.device,
+    precision: str,
+    scaler: torch.amp.GradScaler,
+    task: str,
+    label_smoothing: float,
+    channels_last: bool,
+) -> tuple[torch.Tensor, float]:
+    """Accumulate gradients of the mean loss over `accumulation` micro-batches.
+
+    Each micro-batch's loss is divided by `accumulation`, so the summed gradients equal those of one
+    batch `accumulation` times larger (micro-batches are equal-sized). Returns (mean loss, data wait s).
+    """
+    total = torch.zeros((), device=device)
+    wait_s = 0.0
+    for _ in range(accumulation):
+        t0 = time.perf_counter()
+        x, y = next(batches)
+        wait_s += time.perf_counter() - t0
+        if channels_last and x.dim() == 4:
+            x = x.to(device, non_blocking=True, memory_format=torch.channels_last)
+        else:
+            x = x.to(device, non_blocking=True)
+        y = y.to(device, non_blocking=True)
+        with autocast(device, precision):
+            logits = model(x)
+        loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing) / accumulation
+        scaler.scale(loss).backward()
+        total += loss.detach()
+    return total, wait_s
+
+
+def grad_norm_and_clip(model: nn.Module, max_norm: Optional[float], measure: bool) -> Optional[float]:
+    """Clip to `max_norm` (the norm comes for free); without clipping, measure only when logging."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm is not None:
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if measure:
+        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+    return None
+
+
+class Window:
+    """Train statistics between two log rows: mean loss, throughput, share of time waiting for data."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.steps, self.loss_sum, self.wait_s = 0, 0.0, 0.0
+
+    def add(self, loss: float, wait_s: float) -> None:
+        self.steps += 1
+        self.loss_sum += loss
+        self.wait_s += wait_s
+
+    def row(self, device: torch.device, global_batch: int) -> dict[str, Any]:
+        from trainforge.hardware.device import synchronize
+
+        synchronize(device)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        steps = max(self.steps, 1)  # a window of only skipped steps still reports its timing
+        return {
+            "loss": self.loss_sum / self.steps if self.steps else math.nan,
+            "samples_per_s": self.steps * global_batch / elapsed,
+            "step_time_s": elapsed / steps,
+            "data_wait_frac": min(self.wait_s / elapsed, 1.0),
+            "peak_mem_bytes": peak_bytes(device),
+        }
+
+
+def peak_bytes(device: torch.device) -> int:
+    """Accelerator: peak allocated by tensors; CPU: the process's peak resident set size."""
+    peak = peak_memory_bytes(device)
+    if peak is not None:
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def truncate_metrics(path: Path, after_step: int) -> None:
+    """On resume, drop rows logged after the checkpoint (they will be logged again)."""
+    if not path.exists():
+        return
+    rows = read_metrics(path)
+    kept = [r for r in rows if r.get("step", 0) <= after_step]
+    if len(kept) != len(rows) or after_step == 0:
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+
+
+@contextlib.contextmanager
+def determinism(enabled: bool, num_threads: Optional[int], device: torch.device) -> Iterator[None]:
+    """Deterministic kernels and a fixed thread count for the duration of a run, restored after."""
+    prev = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_num_threads(),
+        torch.backends.cudnn.benchmark,
+    )
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    elif device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+        torch.set_num_threads(prev[2])
+        torch.backends.cudnn.benchmark = prev[3]
