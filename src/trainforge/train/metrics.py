@@ -1,0 +1,232 @@
+"""Metric math and the run's metrics log.
+
+    m = classification_metrics(y_true, y_pred, info.class_names)   # -> eval.json / val rows
+    p = lm_metrics(mean_loss_nats)["perplexity"]
+
+    loss = RunningMean()
+    for x, y in val_loader:
+        loss.add(batch_loss.item(), weight=len(y))
+    log = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard")   # None: no TensorBoard
+    log.log({"split": "val", "step": step, "epoch": epoch, "loss": loss.value, **m_scalars})
+    log.close()
+    rows = read_metrics(run_dir / "metrics.jsonl")
+
+Row names are a stable contract (DESIGN.md §1). Train rows: split, step, epoch, loss, lr,
+samples_per_s, step_time_s, data_wait_frac, peak_mem_bytes, grad_norm. Val rows: split, step,
+epoch, loss and accuracy + macro_f1 (classification) or perplexity (lm).
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from trainforge.errors import UserError
+
+# exp(709.78) is the largest finite float64; beyond it perplexity is reported as inf.
+_MAX_EXP_ARG = math.log(np.finfo(np.float64).max)
+
+
+# ---------------------------------------------------------------- pure metric math
+
+
+def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, class_names: Sequence[str]) -> dict:
+    """Accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix.
+
+    `y_true` and `y_pred` are integer class indices into `class_names`. The confusion matrix has
+    rows = true class, columns = predicted class, and covers every class even if it is absent.
+    macro_f1 averages over the classes that occur in y_true or y_pred (scikit-learn's default), so
+    a small split that happens to lack a class is not scored 0 for it; per_class lists all classes.
+    Undefined ratios (no predictions or no samples of a class) are 0; an empty split gives NaN.
+    """
+    from sklearn.metrics import confusion_matrix, precision_recall_fscore_support  # slow import: only here
+
+    names = [str(n) for n in class_names]
+    assert len(set(names)) == len(names), f"class names must be unique: {names}"
+    y_true = np.asarray(y_true).reshape(-1)
+    y_pred = np.asarray(y_pred).reshape(-1)
+    assert y_true.shape == y_pred.shape, f"y_true {y_true.shape} and y_pred {y_pred.shape} differ"
+    num_classes = len(names)
+    for label, arr in (("label", y_true), ("prediction", y_pred)):
+        if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
+            raise UserError(
+                f"{label} {int(arr.min() if arr.min() < 0 else arr.max())} is outside 0..{num_classes - 1}; "
+                f"the data's labels must index its {num_classes} class names"
+            )
+
+    labels = list(range(num_classes))
+    if y_true.size == 0:
+        cm = np.zeros((num_classes, num_classes), dtype=np.int64)
+        precision = recall = f1 = np.zeros(num_classes)
+        support = np.zeros(num_classes, dtype=np.int64)
+        accuracy = macro_f1 = float("nan")
+    else:
+        cm = confusion_matrix(y_true, y_pred, labels=labels)
+        precision, recall, f1, support = precision_recall_fscore_support(
+            y_true, y_pred, labels=labels, zero_division=0
+        )
+        accuracy = float(np.mean(y_true == y_pred))
+        present = np.union1d(np.unique(y_true), np.unique(y_pred))
+        macro_f1 = float(np.mean(f1[present]))
+
+    per_class = {
+        name: {
+            "precision": float(precision[i]),
+            "recall": float(recall[i]),
+            "f1": float(f1[i]),
+            "support": int(support[i]),
+        }
+        for i, name in enumerate(names)
+    }
+    return {
+        "accuracy": accuracy,
+        "macro_f1": macro_f1,
+        "per_class": per_class,
+        "confusion_matrix": [[int(v) for v in row] for row in cm],
+        "class_names": names,  # the report labels the confusion matrix with these
+    }
+
+
+def lm_metrics(mean_loss_nats: float) -> dict:
+    """Perplexity = exp(mean token cross-entropy in nats); inf instead of an OverflowError."""
+    loss = float(mean_loss_nats)
+    if math.isnan(loss):
+        return {"perplexity": float("nan")}
+    return {"perplexity": math.exp(loss) if loss < _MAX_EXP_ARG else float("inf")}
+
+
+class RunningMean:
+    """Sample-weighted mean for eval loops: add each batch's mean with its number of samples.
+
+    A partial last batch then counts by its size, so the result equals the mean over all samples.
+    `value` is NaN before anything was added.
+    """
+
+    def __init__(self) -> None:
+        self._total = 0.0
+        self._weight = 0
+
+    def add(self, value: float, weight: int = 1) -> None:
+        assert weight >= 0, f"weight must be >= 0, got {weight}"
+        self._total += float(value) * weight
+        self._weight += int(weight)
+
+    @property
+    def value(self) -> float:
+        return self._total / self._weight if self._weight else float("nan")
+
+    @property
+    def weight(self) -> int:
+        return self._weight
+
+
+# ---------------------------------------------------------------- the metrics log
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy that `json.dumps(..., allow_nan=False)` accepts: NaN/inf -> None, numpy/torch scalars -> Python.
+
+    Use it for every JSON file a run writes (metrics.jsonl, eval.json): strict JSON has no NaN.
+    """
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (bool, str)) or obj is None:
+        return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "tolist"):  # numpy scalars/arrays, 0-d or small torch tensors
+        return json_safe(obj.tolist())
+    return obj
+
+
+class MetricsLog:
+    """Appends one JSON object per line to run_dir/metrics.jsonl, flushing each line (a crash loses at most
+    the line being written). Also mirrors scalars to TensorBoard (torch.utils.tensorboard.SummaryWriter in
+    run_dir/tensorboard) when enabled, tag '<split>/<key>', global step = row['step'].
+
+    Opening an existing file appends (a resumed run continues the same log); a partial last line left
+    by a crash is cut off first so the next row starts on its own line.
+    """
+
+    def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_partial_last_line(self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._writer = None
+        if tensorboard_dir is not None:
+            # Imported here: tensorboard is slow to import and only needed when enabled.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(tensorboard_dir), flush_secs=10)
+
+    def log(self, row: dict) -> None:
+        """Write one row; it needs "split" and "step". NaN/inf are written as null."""
+        assert "split" in row and "step" in row, f"a metrics row needs 'split' and 'step': {row}"
+        safe = json_safe(row)
+        self._file.write(json.dumps(safe, allow_nan=False) + "\n")
+        self._file.flush()
+        if self._writer is not None:
+            step = int(safe["step"])
+            for key, value in safe.items():
+                if key in ("split", "step") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue  # TensorBoard takes numbers only; null (non-finite) values are skipped
+                self._writer.add_scalar(f"{safe['split']}/{key}", value, global_step=step)
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def __enter__(self) -> "MetricsLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _drop_partial_last_line(path: Path) -> None:
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    with open(path, "r+b") as f:
+        f.truncate(data.rfind(b"\n") + 1)  # rfind = -1 (no complete line) truncates to empty
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """All rows of a metrics.jsonl, in file order.
+
+    A truncated last line (crash mid-write) is ignored silently; a malformed line elsewhere is skipped
+    with a warning, so a damaged log still yields its good rows.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UserError(f"{path}: metrics file not found; point at a run directory's metrics.jsonl") from None
+    lines = text.split("\n")
+    rows: list[dict] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif number < len(lines):  # a line with a newline after it was written in full: real damage
+            warnings.warn(f"{path}:{number}: not a JSON object; line skipped", stacklevel=2)
+    return rows

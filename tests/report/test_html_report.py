@@ -1,0 +1,133 @@
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainforge.errors import UserError
+from trainforge.report import write_report
+from trainforge.train.metrics import MetricsLog, classification_metrics, json_safe
+
+CLASS_NAMES = ["cat", "<b>", "fox"]
+
+
+def _train_row(step: int) -> dict:
+    return {"split": "train", "step": step, "epoch": 0, "loss": 2.0 / step, "lr": 1e-3, "samples_per_s": 500.0 + step,
+            "step_time_s": 0.1, "data_wait_frac": 0.05, "peak_mem_bytes": 300 * 2**20, "grad_norm": 1.2}
+
+
+def _classification_run(run_dir: Path) -> Path:
+    run_dir.mkdir()
+    with MetricsLog(run_dir / "metrics.jsonl", None) as log:
+        for step in range(1, 6):
+            log.log(_train_row(step))
+        log.log({"split": "val", "step": 5, "epoch": 0, "loss": 0.7, "accuracy": 0.8, "macro_f1": 0.75})
+    metrics = classification_metrics(np.array([0, 1, 2, 2]), np.array([0, 1, 2, 1]), CLASS_NAMES)
+    (run_dir / "eval.json").write_text(json.dumps(json_safe({"split": "test", "loss": 0.65, **metrics})))
+    (run_dir / "data_report.json").write_text(json.dumps({
+        "rows_read": 120, "rows_kept": 117, "dropped": {"duplicate": 2, "nonfinite": 1},
+        "splits": {"train": 80, "val": 17, "test": 20},
+    }))
+    (run_dir / "config.yaml").write_text("name: tiny\nmodel:\n  name: mlp\n  args: {note: '<script>'}\n")
+    return run_dir
+
+
+def _images(html: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r'<img [^>]*src="data:image/png;base64,([^"]+)"', html)]
+
+
+def test_full_run_has_every_section_and_plot(tmp_path):
+    run_dir = _classification_run(tmp_path / "run")
+    path = write_report(run_dir)
+    assert path == run_dir / "report.html"
+    html = path.read_text()
+
+    for section in ("eval", "curves", "confusion", "per-class", "data", "config"):
+        assert f'<section id="{section}">' in html
+    # loss, val accuracy/macro-F1, lr, throughput, peak memory, confusion matrix
+    images = _images(html)
+    assert len(images) == html.count("<img") == 6
+    assert all(img.startswith(b"\x89PNG") for img in images)
+    # tables carry the numbers
+    assert "<th>accuracy</th><td class=\"num\">0.75</td>" in html  # eval.json: 3 of 4 right
+    assert "<th>duplicate</th><td class=\"num\">2</td>" in html
+    assert "<th>test</th><td class=\"num\">20</td>" in html
+    # self-contained: no external fetches, no scripts
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+
+
+def test_text_from_run_files_is_escaped(tmp_path):
+    html = write_report(_classification_run(tmp_path / "run")).read_text()
+    assert "<th>&lt;b&gt;</th>" in html  # per-class row of the class named "<b>"
+    assert "<b>" not in html
+    assert "&lt;script&gt;" in html and "<script>" not in html  # config.yaml
+
+
+def test_lm_run_plots_perplexity_and_has_no_classification_sections(tmp_path):
+    run_dir = tmp_path / "lm"
+    run_dir.mkdir()
+    with MetricsLog(run_dir / "metrics.jsonl", None) as log:
+        log.log({"split": "train", "step": 1, "epoch": 0, "loss": 5.0, "lr": 3e-4})
+        log.log({"split": "val", "step": 1, "epoch": 0, "loss": 4.0, "perplexity": 54.6})
+    (run_dir / "eval.json").write_text(json.dumps({"split": "test", "loss": 4.0, "perplexity": 54.6}))
+    html = write_report(run_dir).read_text()
+    assert html.count("<img") == 3  # loss, perplexity, lr
+    assert 'alt="Validation perplexity"' in html
+    assert 'id="confusion"' not in html and 'id="per-class"' not in html
+
+
+def test_missing_files_degrade_to_notes(tmp_path):
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    html = write_report(run_dir).read_text()
+    assert html.count("<img") == 0
+    for name in ("eval.json", "metrics.jsonl", "data_report.json", "config.yaml"):
+        assert f"No {name} in this run." in html
+
+
+def test_single_row_run_renders(tmp_path):
+    run_dir = tmp_path / "short"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text(json.dumps(_train_row(1)) + "\n" + '{"split": "va')  # crashed
+    html = write_report(run_dir).read_text()
+    assert html.count("<img") == 4  # loss, lr, throughput, memory
+
+
+def test_unreadable_eval_json_is_a_note_not_a_crash(tmp_path):
+    run_dir = _classification_run(tmp_path / "run")
+    (run_dir / "eval.json").write_text("{not json")
+    with pytest.warns(UserWarning, match="eval.json"):
+        html = write_report(run_dir).read_text()
+    assert "eval.json could not be read" in html
+    assert html.count("<img") == 5  # the curves survive
+
+
+def test_extra_sections_are_appended(tmp_path):
+    run_dir = _classification_run(tmp_path / "run")
+    html = write_report(run_dir, extra_sections=[("Compression <v2>", "<table><tr><td>int8</td></tr></table>")]).read_text()
+    assert "<h2>Compression &lt;v2&gt;</h2>" in html
+    assert "<table><tr><td>int8</td></tr></table>" in html
+    assert html.index('id="config"') < html.index('id="extra-0"')
+
+
+def test_missing_run_dir_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="run directory not found"):
+        write_report(tmp_path / "nope")
+
+
+def test_report_does_not_touch_pyplot_or_the_backend(tmp_path):
+    run_dir = _classification_run(tmp_path / "run")
+    code = (
+        "import sys, matplotlib; matplotlib.use('svg'); "
+        "from trainforge.report import write_report; "
+        f"write_report({str(run_dir)!r}); "
+        "assert 'matplotlib.pyplot' not in sys.modules; "
+        "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
