@@ -18,18 +18,18 @@ __version__ = "0.1.0"
 __all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "__version__"]
 
 if TYPE_CHECKING:
-    from trainforge.train.loop import TrainResult
+    from trainforge.training.loop import TrainResult
 
 
 def train(config: Any = None, **kwargs: Any) -> "TrainResult":
-    """See `trainforge.train.api.train`. Imported lazily so `import trainforge` stays cheap."""
-    from trainforge.train.api import train as _train
+    """See `trainforge.training.api.train`. Imported lazily so `import trainforge` stays cheap."""
+    from trainforge.training.api import train as _train
 
     return _train(config, **kwargs)
 
 
 def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:
-    """Metrics of a run dir, final/ or checkpoints/step-* on a split. See `trainforge.train.evaluate`."""
-    from trainforge.train.evaluate import evaluate_checkpoint
+    """Metrics of a run dir, final/ or checkpoints/step-* on a split. See `trainforge.training.evaluate`."""
+    from trainforge.training.evaluate import evaluate_checkpoint
 
     return evaluate_checkpoint(checkpoint, split=split, device=device)

@@ -42,7 +42,7 @@ def _split_recipe(recipe: Optional[str], overrides: Optional[List[str]]) -> tupl
 
 
 def _print_json(doc: Any) -> None:
-    from trainforge.train.metrics import json_safe
+    from trainforge.training.metrics import json_safe
 
     sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")
 
@@ -56,7 +56,7 @@ def train(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
     """Train a model from a recipe (with no recipe: the built-in default, digits with a CNN)."""
-    from trainforge.train.api import train as run_train
+    from trainforge.training.api import train as run_train
 
     recipe, overrides = _split_recipe(recipe, overrides)
     if resume is not None and resume != "auto" and not Path(resume).exists():
@@ -93,7 +93,7 @@ def eval_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
 ) -> None:
     """Evaluate a checkpoint: accuracy, macro-F1, per-class report and confusion matrix (or perplexity)."""
-    from trainforge.train.evaluate import evaluate_checkpoint
+    from trainforge.training.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(checkpoint, split=split, device=device)
     if as_json:

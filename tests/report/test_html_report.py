@@ -12,7 +12,7 @@ import pytest
 
 from trainforge.errors import UserError
 from trainforge.report import write_report
-from trainforge.train.metrics import MetricsLog, classification_metrics, json_safe
+from trainforge.training.metrics import MetricsLog, classification_metrics, json_safe
 
 CLASS_NAMES = ["cat", "<b>", "fox"]
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from trainforge.errors import UserError
 from trainforge.report.plots import confusion_matrix_png, training_charts
-from trainforge.train.metrics import read_metrics
+from trainforge.training.metrics import read_metrics
 
 REPORT_NAME = "report.html"
 _MAX_VALUE_CHARS = 300  # long lists in data_report.json (e.g. per-channel stats) are cut here

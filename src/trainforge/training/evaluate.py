@@ -15,10 +15,10 @@ from torch.utils.data import DataLoader
 
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
-from trainforge.train.artifacts import load_trained
-from trainforge.train.losses import task_loss
-from trainforge.train.metrics import classification_metrics, lm_metrics
-from trainforge.train.precision import autocast
+from trainforge.training.artifacts import load_trained
+from trainforge.training.losses import task_loss
+from trainforge.training.metrics import classification_metrics, lm_metrics
+from trainforge.training.precision import autocast
 
 SPLITS = ("train", "val", "test")
 
@@ -71,7 +71,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
     from trainforge.data import build_data
     from trainforge.data.loader import make_eval_loader
     from trainforge.hardware.device import resolve_device
-    from trainforge.train.precision import resolve_precision
+    from trainforge.training.precision import resolve_precision
 
     if split not in SPLITS:
         raise UserError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")

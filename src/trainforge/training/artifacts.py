@@ -21,7 +21,7 @@ from torch import nn
 from trainforge.config import Config, config_from_yaml_text
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
-from trainforge.train.checkpoint import (
+from trainforge.training.checkpoint import (
     MODEL_FILE,
     contiguous_state,
     find_resume_checkpoint,

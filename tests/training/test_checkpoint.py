@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainforge.errors import UserError
-from trainforge.train.checkpoint import (
+from trainforge.training.checkpoint import (
     complete_checkpoints,
     find_resume_checkpoint,
     load_checkpoint,

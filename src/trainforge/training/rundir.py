@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from trainforge.errors import UserError
-from trainforge.train.checkpoint import find_resume_checkpoint
+from trainforge.training.checkpoint import find_resume_checkpoint
 
 CHECKPOINTS = "checkpoints"
 
@@ -22,13 +22,15 @@ def new_run_dir(runs_root: Path, name: str) -> Path:
     return path
 
 
-def ensure_writable(path: Path, field: str = "--run-dir") -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{field}: cannot create {path} ({e.strerror}); choose a writable directory") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"{field}: {path} is not writable; choose a writable directory")
+def check_writable(path: Path, field: str = "--run-dir") -> None:
+    """Fail early, before any work, if `path` could not be created or written; creates nothing."""
+    probe = path.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{field}: {probe} is a file, so {path} cannot be created; choose another directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{field}: {probe} is not writable, so {path} cannot be created there; choose a writable directory")
 
 
 def holds_a_run(path: Path) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trainforge.errors import UserError
-from trainforge.train.microbatch import accumulation_steps, halve_micro_batch
+from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
 
 
 def test_accumulation_keeps_global_batch():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainforge.errors import UserError
-from trainforge.train.metrics import (
+from trainforge.training.metrics import (
     MetricsLog,
     RunningMean,
     classification_metrics,

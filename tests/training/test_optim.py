@@ -7,7 +7,7 @@ from torch import nn
 
 from trainforge.config import OptimConfig
 from trainforge.errors import UnknownNameError
-from trainforge.train.optim import OPTIMIZERS, build_optimizer, param_groups
+from trainforge.training.optim import OPTIMIZERS, build_optimizer, param_groups
 
 
 class Toy(nn.Module):

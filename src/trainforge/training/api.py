@@ -6,11 +6,11 @@ from typing import Optional, Union
 
 from trainforge.config import Config, apply_overrides, config_from_dict, load_config, read_yaml
 from trainforge.errors import UserError
-from trainforge.train.checkpoint import find_resume_checkpoint
-from trainforge.train.loop import TrainResult, fit
-from trainforge.train.rundir import (
+from trainforge.training.checkpoint import find_resume_checkpoint
+from trainforge.training.loop import TrainResult, fit
+from trainforge.training.rundir import (
     CHECKPOINTS,
-    ensure_writable,
+    check_writable,
     holds_a_run,
     latest_run_dir,
     new_run_dir,
@@ -55,8 +55,22 @@ def train(
         if ckpt is None:
             raise UserError(f"--resume: {resume} holds no complete checkpoint; use --resume auto to start fresh")
         cfg = _resumed_config(config, overrides, rd)
-    ensure_writable(rd)
+    check_names(cfg)
+    check_writable(rd)
     return fit(cfg, rd, resume_from=ckpt)
+
+
+def check_names(cfg: Config) -> None:
+    """Registry names are checked before any work starts (each lookup error lists the valid names)."""
+    from trainforge.data import SOURCES
+    from trainforge.models import MODELS
+    from trainforge.training.optim import OPTIMIZERS
+    from trainforge.training.schedule import SCHEDULES
+
+    SOURCES.get(cfg.data.source)
+    MODELS.get(cfg.model.name)
+    OPTIMIZERS.get(cfg.optim.name)
+    SCHEDULES.get(cfg.schedule.name)
 
 
 def _as_config(config: ConfigLike, overrides: list[str]) -> Config:

@@ -38,20 +38,20 @@ from trainforge.errors import JobFailed
 from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, reset_peak_memory, resolve_device
 from trainforge.models import build_model, is_convolutional
 from trainforge.report import write_report
-from trainforge.train.artifacts import info_to_dict, save_final_model
-from trainforge.train.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, write_text_atomic
-from trainforge.train.early_stop import EarlyStopper
-from trainforge.train.ema import EMA
-from trainforge.train.evaluate import evaluate_model
-from trainforge.train.losses import task_loss
-from trainforge.train.metrics import MetricsLog, read_metrics
-from trainforge.train.microbatch import accumulation_steps, halve_micro_batch
-from trainforge.train.optim import build_optimizer, set_lr
-from trainforge.train.precision import autocast, make_scaler, resolve_precision
-from trainforge.train.progress import TrainProgress
-from trainforge.train.rng import get_rng_state, seed_everything, set_rng_state
-from trainforge.train.schedule import lr_at
-from trainforge.train.signals import stop_on_signals
+from trainforge.training.artifacts import info_to_dict, save_final_model
+from trainforge.training.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, write_text_atomic
+from trainforge.training.early_stop import EarlyStopper
+from trainforge.training.ema import EMA
+from trainforge.training.evaluate import evaluate_model
+from trainforge.training.losses import task_loss
+from trainforge.training.metrics import MetricsLog, read_metrics
+from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
+from trainforge.training.optim import build_optimizer, set_lr
+from trainforge.training.precision import autocast, make_scaler, resolve_precision
+from trainforge.training.progress import TrainProgress
+from trainforge.training.rng import get_rng_state, seed_everything, set_rng_state
+from trainforge.training.schedule import lr_at
+from trainforge.training.signals import stop_on_signals
 
 
 @dataclass
@@ -73,12 +73,26 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
     with determinism(tc.deterministic, tc.num_threads, device), stop_on_signals() as stop:
         seed_everything(cfg.seed)
 
-        # ---- data, model, optimizer
+        # ---- data and model
         data = build_data(cfg.data, seed=cfg.seed)
         info = data.info
+        model, _ = build_model(cfg.model, info)
+
+        # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
+        global_batch = tc.global_batch_size
+        micro = tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else global_batch  # OOM recovery shrinks it
+        accumulation = accumulation_steps(global_batch, micro)
+        per_epoch = steps_per_epoch(len(data.train), global_batch)
+        total_steps = tc.max_steps or tc.epochs * per_epoch
+        eval_every = tc.eval_every_steps or per_epoch
+        ckpt_every = tc.checkpoint_every_steps or per_epoch
+
+        # the run directory is created only once data and model are known to be good
+        run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
         write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
-        model, _ = build_model(cfg.model, info)
+
+        # ---- device placement, optimizer, scaler, EMA, early stopping
         channels_last = tc.channels_last is True or (
             tc.channels_last == "auto" and device.type == "cuda" and is_convolutional(model)
         )
@@ -89,15 +103,6 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         es = tc.early_stopping
         stopper = EarlyStopper(es.metric, es.mode, es.patience, es.min_delta) if es else None
         best_state: dict[str, torch.Tensor] = {}
-
-        # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
-        global_batch = tc.global_batch_size
-        micro = tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else global_batch  # OOM recovery shrinks it
-        accumulation = accumulation_steps(global_batch, micro)
-        per_epoch = steps_per_epoch(len(data.train), global_batch)
-        total_steps = tc.max_steps or tc.epochs * per_epoch
-        eval_every = tc.eval_every_steps or per_epoch
-        ckpt_every = tc.checkpoint_every_steps or per_epoch
 
         # ---- resume: weights, optimizer, scaler, EMA, early stopping, counters, then RNG last
         start_step, skipped, bad_in_row = 0, 0, 0
@@ -194,7 +199,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                         optimizer.zero_grad(set_to_none=True)
                         empty_cache(device)
                         micro, accumulation = halve_micro_batch(micro, accumulation)
-                        progress.log(f"[yellow]out of memory at step {step}: micro-batch -> {micro}, accumulation -> {accumulation}")
+                        progress.log(f"[yellow]out of memory at step {step + 1}: micro-batch -> {micro}, accumulation -> {accumulation}")
                         torch.set_rng_state(rng_at_step)
                         sampler.set_micro_batch_size(micro)
                         batches = batches_from(epoch, position)
@@ -212,10 +217,10 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                     window.add(loss, wait_s)
                 else:
                     skipped, bad_in_row, grad_norm = skipped + 1, bad_in_row + 1, None
-                    progress.log(f"[yellow]step {step}: non-finite loss ({loss}), update skipped ({bad_in_row} in a row)")
+                    progress.log(f"[yellow]step {step + 1}: non-finite loss ({loss}), update skipped ({bad_in_row} in a row)")
                     if bad_in_row >= tc.max_bad_steps:
                         raise JobFailed(
-                            f"{bad_in_row} non-finite losses in a row at step {step}: the run diverged; lower optim.lr, "
+                            f"{bad_in_row} non-finite losses in a row at step {step + 1}: the run diverged; lower optim.lr, "
                             f"use train.precision=fp32 or bf16, or lower train.grad_clip_norm. The last good "
                             f"checkpoint is kept in {run_dir / 'checkpoints'}"
                         )
@@ -243,8 +248,9 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                             progress.log(f"early stopping at step {done}: no {stopper.metric} improvement "
                                          f"in {stopper.patience} evaluations (best {stopper.best:.4f})")
 
-                # checkpoint when due, at the end, on a signal and on early stop
-                if done % ckpt_every == 0 or done == total_steps or stop or status != "completed":
+                # checkpoint when due (not amid a run of non-finite losses), at the end, on a signal, on early stop
+                due = (done % ckpt_every == 0 or done == total_steps) and bad_in_row == 0
+                if due or stop or status != "completed":
                     checkpoint(done)
                 if stop:
                     status = "interrupted"

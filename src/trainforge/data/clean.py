@@ -1,0 +1,64 @@
+"""Cleaning of in-memory samples: non-finite rows and exact duplicates, each drop counted.
+
+Source-specific problems (corrupt files, bad labels, empty texts) are dropped by the sources
+themselves, into the same `DropLog`.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from trainforge.config import CleanConfig
+from trainforge.data.pool import DropLog, Pool, TensorSamples
+
+
+def first_occurrences(hashes: Iterable[bytes]) -> np.ndarray:
+    """Boolean mask keeping the first sample of every distinct hash."""
+    seen: set[bytes] = set()
+    keep = []
+    for h in hashes:
+        keep.append(h not in seen)
+        seen.add(h)
+    return np.asarray(keep, dtype=bool)
+
+
+def row_hashes(x: torch.Tensor) -> list[bytes]:
+    """SHA-256 of each sample's bytes (the label is not part of it: same input = duplicate)."""
+    rows = x.flatten(1).contiguous().numpy()
+    return [hashlib.sha256(row.tobytes()).digest() for row in rows]
+
+
+def finite_rows(x: torch.Tensor) -> np.ndarray:
+    if not x.is_floating_point():
+        return np.ones(len(x), dtype=bool)
+    return torch.isfinite(x.flatten(1)).all(dim=1).numpy()
+
+
+def clean_tensor_pool(pool: Pool, cfg: CleanConfig) -> Pool:
+    """Drop non-finite rows, then exact duplicates (keeping the first), per `cfg`; counts go to pool.drops."""
+    samples = pool.samples
+    assert isinstance(samples, TensorSamples) and pool.test_indices is None
+    keep = np.ones(len(samples), dtype=bool)
+    if cfg.drop_nonfinite:
+        _drop(pool.drops, "nonfinite", samples, keep, finite_rows(samples.x))
+    if cfg.dedup:
+        kept = np.flatnonzero(keep)
+        unique = np.zeros(len(samples), dtype=bool)
+        unique[kept] = first_occurrences(row_hashes(samples.x[torch.as_tensor(kept)]))
+        _drop(pool.drops, "duplicate", samples, keep, unique)
+    if keep.all():
+        return pool
+    idx = np.flatnonzero(keep)
+    pool.samples = samples.subset(idx)
+    if pool.labels is not None:
+        pool.labels = pool.labels[idx]
+    return pool
+
+
+def _drop(log: DropLog, reason: str, samples: TensorSamples, keep: np.ndarray, ok: np.ndarray) -> None:
+    for i in np.flatnonzero(keep & ~ok):
+        log.drop(reason, samples.ids[i])
+    keep &= ok

@@ -1,0 +1,147 @@
+"""Data loaders whose train order is a pure function of (seed, epoch): exact resume, any worker count.
+
+    sampler = PositionBatchSampler(len(bundle.train), seed=cfg.seed, micro_batch_size=16,
+                                   global_batch_size=64, rank=rank, world_size=world_size)
+    loader = make_train_loader(bundle.train, sampler, num_workers=2, pin_memory=True)
+    for epoch in range(start_epoch, epochs):
+        sampler.set_position(epoch, start_sample if epoch == start_epoch else 0)
+        for x, y in loader: ...   # micro-batches of this rank
+
+Iterating never advances the sampler by itself: call `set_position` before each epoch.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterator, Union
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from trainforge.data.seeding import generator_for
+from trainforge.errors import UserError
+
+Key = tuple[int, int]  # (epoch, index): what TrainDataset is indexed by
+
+
+def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
+    """Optimizer steps in one epoch (the last partial batch is dropped)."""
+    steps = num_samples // global_batch_size
+    if steps == 0:
+        raise UserError(
+            f"train.global_batch_size: {global_batch_size} is larger than the training split "
+            f"({num_samples} samples); lower train.global_batch_size or add data"
+        )
+    return steps
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """The epoch's permutation of sample indices, from a generator seeded by (seed, epoch)."""
+    return torch.randperm(num_samples, generator=generator_for("order", seed, epoch))
+
+
+class PositionBatchSampler(Sampler[list[Key]]):
+    """Train order as a pure function of (seed, epoch): permutation from a Generator seeded with
+    hash(seed, epoch). Each micro-step consumes micro_batch_size * world_size samples of that order;
+    rank r takes its contiguous slice of micro_batch_size. Only the first
+    steps_per_epoch * global_batch_size samples of the order are used (drop_last).
+    Yields lists of (epoch, index) keys."""
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        seed: int,
+        micro_batch_size: int,
+        global_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        assert 0 <= rank < world_size, (rank, world_size)
+        self.num_samples, self.seed = num_samples, seed
+        self.global_batch_size, self.rank, self.world_size = global_batch_size, rank, world_size
+        self.steps_per_epoch = steps_per_epoch(num_samples, global_batch_size)
+        self.samples_per_epoch = self.steps_per_epoch * global_batch_size
+        self.set_micro_batch_size(micro_batch_size)
+        self.epoch, self.start_sample = 0, 0
+
+    def set_micro_batch_size(self, n: int) -> None:
+        """Change the micro-batch (OOM recovery halves it); the global batch and the order stay."""
+        if n <= 0 or self.global_batch_size % (n * self.world_size):
+            raise UserError(
+                f"train.micro_batch_size: {n} x world size {self.world_size} must divide "
+                f"train.global_batch_size ({self.global_batch_size})"
+            )
+        self.micro_batch_size = n
+
+    def set_position(self, epoch: int, start_sample: int = 0) -> None:
+        """Continue at `start_sample` samples (all ranks together) into `epoch`'s order."""
+        stride = self.micro_batch_size * self.world_size
+        if not 0 <= start_sample <= self.samples_per_epoch or start_sample % stride:
+            raise ValueError(
+                f"start_sample {start_sample} must be a multiple of {stride} in [0, {self.samples_per_epoch}]"
+            )
+        self.epoch, self.start_sample = epoch, start_sample
+
+    def __len__(self) -> int:
+        return (self.samples_per_epoch - self.start_sample) // (self.micro_batch_size * self.world_size)
+
+    def __iter__(self) -> Iterator[list[Key]]:
+        epoch, micro = self.epoch, self.micro_batch_size
+        order = epoch_order(self.num_samples, self.seed, epoch)[: self.samples_per_epoch].tolist()
+        first = self.start_sample + self.rank * micro
+        for start in range(first, self.samples_per_epoch, micro * self.world_size):
+            yield [(epoch, i) for i in order[start : start + micro]]
+
+
+def make_train_loader(
+    dataset: Dataset, sampler: PositionBatchSampler, *, num_workers: int, pin_memory: bool
+) -> DataLoader:
+    """Micro-batches `(x, y)` in the sampler's order; workers persist across epochs (the sampler
+    lives in the main process, so `set_position` between epochs still takes effect)."""
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        generator=_private_generator(),
+    )
+
+
+def _private_generator() -> torch.Generator:
+    """Each `iter(loader)` draws a worker base seed; without its own generator it would draw from the
+    global torch RNG, so a resumed run (one extra `iter`) would see different dropout masks."""
+    return torch.Generator()
+
+
+def make_eval_loader(dataset: Dataset, *, batch_size: int, num_workers: int, pin_memory: bool) -> DataLoader:
+    """All of `dataset` in index order, the last batch possibly smaller."""
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        drop_last=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        generator=_private_generator(),
+    )
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # respects container/taskset limits
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def resolve_num_workers(spec: Union[int, str], device_type: str) -> int:
+    """`data.num_workers`: an int is used as is; "auto" is 0 on CPU (workers would compete with the
+    compute threads of a small box), else min(8, cpus // 2)."""
+    if isinstance(spec, int):
+        return spec
+    if spec != "auto":
+        raise UserError(f"data.num_workers: expected an integer or 'auto', got {spec!r}")
+    if device_type == "cpu":
+        return 0
+    return min(8, available_cpus() // 2)

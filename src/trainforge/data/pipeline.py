@@ -1,0 +1,125 @@
+"""source -> clean -> split -> normalize (fit on train) -> augment (train only) -> DataBundle."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from trainforge.config import DataConfig
+from trainforge.data.augment import build_augment, is_enabled
+from trainforge.data.base import DataBundle
+from trainforge.data.clean import clean_tensor_pool
+from trainforge.data.datasets import EvalDataset, TrainDataset
+from trainforge.data.normalize import Normalizer, fit_normalizer, identity
+from trainforge.data.pool import Pool, TensorSamples
+from trainforge.data.sources import SOURCES
+from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
+from trainforge.errors import UserError
+
+MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples
+STATS_CHUNK = 256
+
+
+def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
+    """Build the train/val/test datasets described by `cfg` (the `data` section of a recipe).
+
+        bundle = build_data(cfg.data, seed=cfg.seed)
+        x, y = bundle.train[(epoch, index)]     # augmented (images), normalized
+        x, y = bundle.val[index]                # normalized only
+        json.dump(bundle.report, f)             # -> data_report.json
+
+    Raises UserError for any problem with the config, the files or the data.
+    """
+    result = SOURCES.get(cfg.source)(cfg, seed=seed)
+    if isinstance(result, DataBundle):  # a custom factory built everything itself
+        return result
+    pool = result
+    if isinstance(pool.samples, TensorSamples):
+        pool = clean_tensor_pool(pool, cfg.clean)
+    if len(pool.samples) == 0:
+        raise UserError(
+            f"data: no usable samples left from data.source={cfg.source!r} "
+            f"(dropped: {pool.drops.counts}); check data.path and data.args"
+        )
+    splits, method = split_pool(pool, cfg, seed)
+    info = pool.info
+    scaled = info.modality in ("image", "tabular")
+    normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
+    normalize = None if normalizer.kind == "none" else normalizer
+    augment = None
+    if info.modality == "image":
+        augment = build_augment(cfg.augment, channels=info.input_shape[0], value_range=pool.value_range)
+    elif is_enabled(cfg.augment):
+        warnings.warn(f"data.augment is ignored: augmentation applies to images, this data is {info.modality}")
+
+    preprocess: dict[str, Any] = {"modality": info.modality, "task": info.task, **pool.preprocess}
+    if scaled:
+        preprocess["normalize"] = normalizer.to_json()
+    if info.modality == "image":
+        preprocess["value_range"] = list(pool.value_range)
+    if info.class_names:
+        preprocess["class_names"] = list(info.class_names)
+    return DataBundle(
+        info=info,
+        train=TrainDataset(pool.samples, splits["train"], seed=seed, augment=augment, normalize=normalize),
+        val=EvalDataset(pool.samples, splits["val"], normalize),
+        test=EvalDataset(pool.samples, splits["test"], normalize),
+        preprocess=preprocess,
+        report=data_report(cfg.source, pool, splits, method, normalizer),
+    )
+
+
+def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
+    n = len(pool.samples)
+    if pool.test_indices is not None:
+        return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
+    if pool.info.task == "lm":
+        return contiguous_split(n, cfg.val_fraction, cfg.test_fraction), "contiguous"
+    return random_split(pool.labels, n, cfg.val_fraction, cfg.test_fraction, seed)
+
+
+def stats_batches(pool: Pool, train: np.ndarray) -> Iterator[torch.Tensor]:
+    """Raw train samples in batches: all of them when in memory, else at most MAX_STATS_SAMPLES."""
+    samples = pool.samples
+    if isinstance(samples, TensorSamples):
+        yield samples.x[torch.as_tensor(train)]
+        return
+    if len(train) > MAX_STATS_SAMPLES:  # evenly spaced: deterministic and covers the whole split
+        train = train[np.linspace(0, len(train) - 1, MAX_STATS_SAMPLES).astype(np.int64)]
+    for start in range(0, len(train), STATS_CHUNK):
+        yield torch.stack([samples[int(i)][0] for i in train[start : start + STATS_CHUNK]])
+
+
+def fit_pool_normalizer(pool: Pool, train: np.ndarray, kind: str) -> Normalizer:
+    if kind == "none":
+        return identity()
+    return fit_normalizer(kind, stats_batches(pool, train), pool.info.modality)
+
+
+def data_report(
+    source: str, pool: Pool, splits: Splits, method: str, normalizer: Normalizer
+) -> dict[str, Any]:
+    """The JSON-able content of data_report.json."""
+    report: dict[str, Any] = {
+        "source": source,
+        "rows_read": pool.rows_read,
+        "rows_kept": len(pool.samples),
+        "dropped": dict(pool.drops.counts),
+        "dropped_examples": {k: list(v) for k, v in pool.drops.examples.items()},
+        "splits": {name: len(idx) for name, idx in splits.items()},
+        "split_method": method,
+    }
+    if pool.labels is not None:
+        report["class_counts"] = {
+            name: class_counts(pool.labels[idx], pool.info.class_names) for name, idx in splits.items()
+        }
+    report["normalization"] = normalizer.to_json()
+    report.update(pool.notes)
+    return report
+
+
+def class_counts(labels: np.ndarray, names: tuple[str, ...]) -> dict[str, int]:
+    counts = np.bincount(labels, minlength=len(names))
+    return {name: int(c) for name, c in zip(names, counts)}

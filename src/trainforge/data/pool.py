@@ -1,0 +1,75 @@
+"""What a data source hands to the common pipeline: every kept sample, before split and transforms.
+
+A source returns a `Pool`. Its `samples` is any indexable of raw `(x, y)` pairs (eager
+`TensorSamples`, or a lazy class that loads/generates sample `i` on demand); the pipeline splits
+it by index, fits normalization on the train part and wraps it into datasets.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+import numpy as np
+import torch
+
+from trainforge.data.base import DataInfo
+
+DROP_REASONS = ("duplicate", "corrupt", "nonfinite", "bad_label", "empty_text")
+MAX_DROP_EXAMPLES = 5
+
+
+class Samples(Protocol):
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class TensorSamples:
+    """Samples held in memory: `x[i]`, `y[i]`; `ids[i]` names sample i in the data report."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, ids: Optional[list[str]] = None) -> None:
+        assert len(x) == len(y), (len(x), len(y))
+        self.x, self.y = x, y
+        self.ids = ids if ids is not None else [f"row {i}" for i in range(len(x))]
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+    def subset(self, keep: np.ndarray) -> "TensorSamples":
+        keep_t = torch.as_tensor(keep, dtype=torch.long)
+        return TensorSamples(self.x[keep_t], self.y[keep_t], [self.ids[i] for i in keep])
+
+
+class DropLog:
+    """Counts dropped samples by reason and keeps the first few identifiers of each."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.examples: dict[str, list[str]] = {}
+
+    def drop(self, reason: str, ident: str) -> None:
+        assert reason in self.counts, reason
+        self.counts[reason] += 1
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < MAX_DROP_EXAMPLES:
+            examples.append(ident)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass
+class Pool:
+    info: DataInfo
+    samples: Samples
+    labels: Optional[np.ndarray]  # int64 class per sample (classification); None for language modelling
+    rows_read: int  # records the source looked at, before any drop
+    drops: DropLog = field(default_factory=DropLog)
+    preprocess: dict[str, Any] = field(default_factory=dict)  # source facts needed to serve the model
+    value_range: tuple[float, float] = (0.0, 1.0)  # raw pixel scale of images (colour jitter, rotation fill)
+    test_indices: Optional[np.ndarray] = None  # the dataset's own test split, when it has one
+    notes: dict[str, Any] = field(default_factory=dict)  # extra JSON-able facts for the data report

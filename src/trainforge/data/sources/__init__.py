@@ -1,0 +1,16 @@
+"""The data sources, one registered function each; importing this package registers them all."""
+from __future__ import annotations
+
+from trainforge.data.sources import (  # noqa: F401  (imported to register)
+    custom,
+    digits,
+    imagefolder,
+    jsonl,
+    synthetic,
+    tabular,
+    textfile,
+    torchvision_datasets,
+)
+from trainforge.data.sources.common import SOURCES
+
+__all__ = ["SOURCES"]

@@ -1,0 +1,84 @@
+"""What every data source shares: the registry, argument parsing, path and label helpers.
+
+A source is one registered function `source(cfg: DataConfig, *, seed: int) -> Pool`
+(`custom` may also return a finished DataBundle). Its `data.args` are declared as a `SourceArgs`
+model, so unknown keys and wrong types become one-line UserErrors naming `data.args.<key>`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional, TypeVar, Union
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from trainforge.config import DataConfig
+from trainforge.data.base import DataBundle
+from trainforge.data.pool import Pool
+from trainforge.errors import UserError
+from trainforge.registry import Registry
+
+Source = Callable[..., Union[Pool, DataBundle]]
+SOURCES: Registry[Source] = Registry("data source", "data.source")
+
+A = TypeVar("A", bound="SourceArgs")
+
+
+class SourceArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def parse_args(model: type[A], cfg: DataConfig) -> A:
+    """Validate `cfg.args` against a source's argument model; errors name `data.args.<key>`."""
+    try:
+        return model.model_validate(cfg.args)
+    except ValidationError as err:
+        e = err.errors()[0]
+        key = "data.args." + ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            valid = ", ".join(model.model_fields) or "(none)"
+            raise UserError(f"{key}: unknown argument for data source {cfg.source!r}; valid: {valid}") from None
+        if e["type"] == "missing":
+            raise UserError(f"{key}: required by data source {cfg.source!r}; set it in data.args") from None
+        msg = e["msg"].removeprefix("Value error, ")
+        raise UserError(f"{key}: {msg[:1].lower() + msg[1:]}, got {e.get('input')!r}") from None
+
+
+def require_path(cfg: DataConfig, what: str) -> Path:
+    """`data.path` as an existing Path, or a UserError saying what it should point at."""
+    if not cfg.path:
+        raise UserError(f"data.path: required for data source {cfg.source!r}; point it at {what}")
+    path = Path(cfg.path).expanduser()
+    if not path.exists():
+        raise UserError(f"data.path: {path} does not exist; point it at {what}")
+    return path
+
+
+def class_names_for(labels: list[str], declared: Optional[list[Any]]) -> list[str]:
+    """Class names in index order: the declared list, else the labels sorted (numerically if all ints)."""
+    if declared:
+        names = [str(c) for c in declared]
+        if len(set(names)) != len(names):
+            raise UserError(f"data.args.classes: has duplicate entries {names}; list each class once")
+        return names
+    unique = set(labels)
+    if all(_is_int(s) for s in unique):
+        return sorted(unique, key=int)
+    return sorted(unique)
+
+
+def label_text(value: Any) -> Optional[str]:
+    """A label as a string, or None when it cannot be one (missing, bool, list, empty ...)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, str)) or (isinstance(value, float) and value.is_integer()):
+        text = str(int(value)) if isinstance(value, float) else str(value).strip()
+        return text or None
+    return None
+
+
+def _is_int(s: str) -> bool:
+    try:
+        int(s)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,102 @@
+"""`csv`: a CSV file with a header; one label column, every other column a numeric feature.
+
+Rows with the wrong number of fields are dropped as corrupt, rows whose label is empty or not in
+the declared `classes` as bad_label; NaN/inf (and empty) features are left to the common cleaning
+(nonfinite). A non-numeric feature column is a UserError naming the column.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from typing import Optional, Union
+
+import torch
+
+from trainforge.config import DataConfig
+from trainforge.data.base import DataInfo
+from trainforge.data.pool import DropLog, Pool, TensorSamples
+from trainforge.data.sources.common import SOURCES, SourceArgs, class_names_for, parse_args, require_path
+from trainforge.errors import UserError
+
+
+class CsvArgs(SourceArgs):
+    label_column: str = "label"
+    classes: Optional[list[Union[str, int]]] = None
+
+
+def _number(text: str) -> Optional[float]:
+    """A feature value; empty means missing (NaN). None when the text is not a number."""
+    text = text.strip()
+    if not text:
+        return math.nan
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+@SOURCES.register("csv")
+def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
+    """data.path: a CSV file; args label_column ("label"), classes (optional list of valid labels)."""
+    a = parse_args(CsvArgs, cfg)
+    path = require_path(cfg, "a CSV file with a header row")
+    if not path.is_file():
+        raise UserError(f"data.path: {path} is a folder; point it at a CSV file with a header row")
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise UserError(f"data.path: {path} is not a readable UTF-8 CSV file ({e})") from None
+    if not rows:
+        raise UserError(f"data.path: {path} is empty; it needs a header row and data rows")
+    header = [h.strip() for h in rows[0]]
+    if a.label_column not in header:
+        raise UserError(
+            f"data.args.label_column: column {a.label_column!r} is not in {path.name} "
+            f"(columns: {', '.join(header)}); set it to the label column"
+        )
+    label_at = header.index(a.label_column)
+    feature_cols = [i for i in range(len(header)) if i != label_at]
+    if not feature_cols:
+        raise UserError(f"data.path: {path.name} has no feature columns besides {a.label_column!r}")
+
+    declared = class_names_for([], a.classes) if a.classes else None
+    drops = DropLog()
+    features, labels, ids = [], [], []
+    for line, row in enumerate(rows[1:], start=2):  # line numbers as an editor shows them
+        if not any(cell.strip() for cell in row):
+            continue  # blank line: not a record
+        ident = f"line {line}"
+        if len(row) != len(header):
+            drops.drop("corrupt", ident)
+            continue
+        label = row[label_at].strip()
+        if not label or (declared is not None and label not in declared):
+            drops.drop("bad_label", ident)
+            continue
+        values = []
+        for i in feature_cols:
+            v = _number(row[i])
+            if v is None:
+                raise UserError(
+                    f"data.path: column {header[i]!r} of {path.name} is not numeric ({ident}: {row[i]!r}); "
+                    "encode it as numbers or remove the column"
+                )
+            values.append(v)
+        features.append(values)
+        labels.append(label)
+        ids.append(ident)
+
+    names = class_names_for(labels, declared)
+    index = {name: i for i, name in enumerate(names)}
+    y = torch.tensor([index[label] for label in labels], dtype=torch.int64)
+    x = torch.tensor(features, dtype=torch.float32).reshape(len(features), len(feature_cols))
+    info = DataInfo("classification", "tabular", (len(feature_cols),), "float32", len(names), tuple(names))
+    return Pool(
+        info,
+        TensorSamples(x, y, ids),
+        labels=y.numpy(),
+        rows_read=len(ids) + drops.total,
+        drops=drops,
+        preprocess={"num_features": len(feature_cols), "feature_names": [header[i] for i in feature_cols]},
+    )

@@ -1,1 +1,0 @@
-"""Training: the loop and its helpers (precision, schedule, optimizer, checkpoints, micro-batching)."""

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _loop_models_importable(monkeypatch):
+    """`model.target: loop_models:...` must import, in this process and in CLI subprocesses."""
+    monkeypatch.syspath_prepend(str(HERE))
+    monkeypatch.setenv("PYTHONPATH", str(HERE))

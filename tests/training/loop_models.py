@@ -1,0 +1,85 @@
+"""Models that misbehave on purpose, named by `model.target` in the training-loop tests."""
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import torch
+from torch import nn
+
+
+class _Flat(nn.Module):
+    def __init__(self, info, hidden: int = 32, dropout: float = 0.0) -> None:
+        super().__init__()
+        features = math.prod(info.input_shape)
+        self.net = nn.Sequential(
+            nn.Flatten(), nn.Linear(features, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, info.num_classes)
+        )
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.net(x)
+
+
+class OOMAbove(_Flat):
+    """Raises the CUDA out-of-memory error for batches larger than `limit` (as a real GPU would)."""
+
+    def __init__(self, info, limit: int) -> None:
+        super().__init__(info)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] > self.limit:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate for batch {x.shape[0]}")
+        return super().forward(x)
+
+
+class NaNOnCalls(_Flat):
+    """Returns NaN logits on the given training forward calls (1-based)."""
+
+    def __init__(self, info, bad_calls: list[int]) -> None:
+        super().__init__(info)
+        self.bad = set(bad_calls)
+        self.train_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            self.train_calls += 1
+            if self.train_calls in self.bad:
+                return out * float("nan")
+        return out
+
+
+class SignalOnCall(_Flat):
+    """Sends this process SIGTERM during the given training forward call, as a preempting scheduler would."""
+
+    def __init__(self, info, call: int, dropout: float) -> None:
+        super().__init__(info, dropout=dropout)
+        self.signal_call = call
+        self.train_calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.train_calls += 1
+            if self.train_calls == self.signal_call:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return super().forward(x)
+
+
+def term_on_call(info, call: int = -1, dropout: float = 0.2):
+    return SignalOnCall(info, call, dropout)
+
+
+def oom_above(info, limit: int = 16):
+    return OOMAbove(info, limit)
+
+
+def nan_on_calls(info, bad_calls: list[int] = ()):
+    return NaNOnCalls(info, list(bad_calls))
+
+
+def flat(info, hidden: int = 32):
+    return _Flat(info, hidden)

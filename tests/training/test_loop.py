@@ -1,0 +1,159 @@
+"""The training loop: accumulation, OOM recovery, non-finite losses, EMA, early stopping, compile, resume."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainforge
+from trainforge.errors import JobFailed, UserError
+from trainforge.training.checkpoint import find_resume_checkpoint, verify_checkpoint
+from trainforge.training.metrics import read_metrics
+
+TINY = [
+    "data.source=digits",
+    "data.augment.rotation_deg=0",
+    "data.augment.crop_scale=null",
+    "model.name=mlp",
+    "model.args={hidden: [32], dropout: 0.0}",
+    "train.epochs=1",
+    "train.global_batch_size=32",
+    "train.micro_batch_size=32",
+    "train.early_stopping=null",
+    "train.deterministic=true",
+    "log.progress=false",
+    "log.tensorboard=false",
+]
+
+
+def tiny(*extra: str):
+    return trainforge.load_config(None, [*TINY, *extra])
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+def assert_same_weights(a: dict, b: dict, exact: bool = True) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if exact:
+            assert torch.equal(a[k], b[k]), k
+        else:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_run_dir_has_every_artifact(tmp_path: Path):
+    result = trainforge.train(tiny("log.tensorboard=true"), run_dir=tmp_path / "run")
+    run = result.run_dir
+    for name in ("config.yaml", "metrics.jsonl", "data_report.json", "eval.json", "report.html",
+                 "final/model.safetensors", "final/model.json", "checkpoints/latest"):
+        assert (run / name).exists(), name
+    assert list((run / "tensorboard").iterdir())
+    rows = read_metrics(run / "metrics.jsonl")
+    train_rows = [r for r in rows if r["split"] == "train"]
+    assert {"step", "epoch", "loss", "lr", "samples_per_s", "step_time_s", "data_wait_frac",
+            "peak_mem_bytes", "grad_norm"} <= set(train_rows[0])
+    assert all(0.0 <= r["data_wait_frac"] <= 1.0 for r in train_rows)
+    val_rows = [r for r in rows if r["split"] == "val"]
+    assert {"step", "epoch", "loss", "accuracy", "macro_f1"} <= set(val_rows[-1])
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["split"] == "test" and ev["accuracy"] > 0.5 and len(ev["confusion_matrix"]) == 10
+    assert result.eval["accuracy"] == ev["accuracy"]
+
+
+def test_accumulation_matches_one_large_batch(tmp_path: Path):
+    """4 micro-batches of 8 accumulate to the same update as one batch of 32."""
+    big = trainforge.train(tiny("train.max_steps=3"), run_dir=tmp_path / "big")
+    small = trainforge.train(tiny("train.max_steps=3", "train.micro_batch_size=8"), run_dir=tmp_path / "small")
+    assert_same_weights(final_weights(big.run_dir), final_weights(small.run_dir), exact=False)
+    # and the two are not trivially equal to the initial weights
+    assert big.steps == small.steps == 3
+
+
+def test_oom_halves_micro_batch_and_keeps_the_global_batch(tmp_path: Path):
+    common = ("model.name=custom", "model.target=loop_models:oom_above", "train.max_steps=4")
+    recovered = trainforge.train(tiny(*common, "model.args={limit: 8}"), run_dir=tmp_path / "oom")
+    assert recovered.micro_batch_size == 8  # 32 -> 16 -> 8
+    planned = trainforge.train(tiny(*common, "model.args={limit: 1000}", "train.micro_batch_size=8"), run_dir=tmp_path / "plan")
+    # the retried step saw the same samples in the same order: identical to planning micro-batch 8 from the start
+    assert_same_weights(final_weights(recovered.run_dir), final_weights(planned.run_dir))
+
+
+def test_oom_that_cannot_shrink_further_fails_the_run(tmp_path: Path):
+    cfg = tiny("model.name=custom", "model.target=loop_models:oom_above", "model.args={limit: 0}", "train.max_steps=2")
+    with pytest.raises(RuntimeError, match="cannot be halved"):
+        trainforge.train(cfg, run_dir=tmp_path / "run")
+
+
+def test_a_non_finite_loss_skips_one_step(tmp_path: Path):
+    cfg = tiny("model.name=custom", "model.target=loop_models:nan_on_calls", "model.args={bad_calls: [3]}", "train.max_steps=6")
+    result = trainforge.train(cfg, run_dir=tmp_path / "run")
+    assert result.status == "completed" and result.skipped_steps == 1
+    assert all(torch.isfinite(t).all() for t in final_weights(result.run_dir).values())
+
+
+def test_too_many_non_finite_losses_stop_the_run_and_keep_the_checkpoint(tmp_path: Path):
+    cfg = tiny(
+        "model.name=custom", "model.target=loop_models:nan_on_calls", "model.args={bad_calls: [5, 6, 7, 8]}",
+        "train.max_steps=10", "train.checkpoint_every_steps=2", "train.max_bad_steps=3",
+    )
+    with pytest.raises(JobFailed, match="3 non-finite losses in a row"):
+        trainforge.train(cfg, run_dir=tmp_path / "run")
+    good = find_resume_checkpoint(tmp_path / "run" / "checkpoints")
+    assert good is not None and good.name == "step-000004"
+    verify_checkpoint(good)
+    assert not (tmp_path / "run" / "final").exists()
+
+
+def test_ema_weights_are_the_final_model(tmp_path: Path):
+    plain = trainforge.train(tiny("train.max_steps=5"), run_dir=tmp_path / "plain")
+    ema = trainforge.train(tiny("train.max_steps=5", "train.ema_decay=0.9"), run_dir=tmp_path / "ema")
+    a, b = final_weights(plain.run_dir), final_weights(ema.run_dir)
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # the EMA average, not the last weights
+
+
+def test_early_stopping_stops_and_keeps_the_best(tmp_path: Path):
+    cfg = tiny(
+        "train.epochs=30", "train.eval_every_steps=2", "optim.lr=1e-9", "schedule.name=constant",
+        "train.early_stopping={metric: accuracy, mode: max, patience: 2, min_delta: 0.5}",
+    )
+    result = trainforge.train(cfg, run_dir=tmp_path / "run")
+    assert result.status == "early_stopped"
+    assert result.steps == 6  # best at the first evaluation (step 2), then two without improvement
+
+
+@pytest.mark.slow
+def test_compile_on_cpu_trains_the_same(tmp_path: Path):
+    eager = trainforge.train(tiny("train.max_steps=3"), run_dir=tmp_path / "eager")
+    compiled = trainforge.train(tiny("train.max_steps=3", "train.compile=true"), run_dir=tmp_path / "compiled")
+    assert_same_weights(final_weights(eager.run_dir), final_weights(compiled.run_dir), exact=False)
+
+
+def test_a_run_dir_with_a_run_is_never_overwritten(tmp_path: Path):
+    trainforge.train(tiny("train.max_steps=2"), run_dir=tmp_path / "run")
+    before = (tmp_path / "run" / "final" / "model.safetensors").read_bytes()
+    with pytest.raises(UserError, match="already holds a run; pass --resume auto"):
+        trainforge.train(tiny("train.max_steps=2"), run_dir=tmp_path / "run")
+    assert (tmp_path / "run" / "final" / "model.safetensors").read_bytes() == before
+
+
+def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path):
+    """SIGTERM during step 7 of 12: the step finishes, a checkpoint is saved, the run returns; resuming it
+    ends with weights bit-identical to an uninterrupted run (dropout, augmentation and EMA included)."""
+    extra = ("model.name=custom", "model.target=loop_models:term_on_call", "train.max_steps=12",
+             "data.augment.rotation_deg=15", "data.augment.crop_scale=[0.8, 1.0]", "train.ema_decay=0.9",
+             "train.checkpoint_every_steps=5")
+    full = trainforge.train(tiny(*extra, "model.args={call: -1}"), run_dir=tmp_path / "full")
+    part = trainforge.train(tiny(*extra, "model.args={call: 7}"), run_dir=tmp_path / "part")
+    assert part.status == "interrupted" and part.steps == 7
+    assert find_resume_checkpoint(tmp_path / "part" / "checkpoints").name == "step-000007"
+    assert not (tmp_path / "part" / "final").exists()
+    resumed = trainforge.train(None, overrides=["model.args={call: -1}"], run_dir=tmp_path / "part", resume="auto")
+    assert resumed.status == "completed" and resumed.steps == 12
+    assert_same_weights(final_weights(full.run_dir), final_weights(resumed.run_dir))
+    steps = [r["step"] for r in read_metrics(tmp_path / "part" / "metrics.jsonl") if r["split"] == "train"]
+    assert steps == sorted(set(steps))  # rows after the checkpoint were not duplicated
