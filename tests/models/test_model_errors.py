@@ -114,7 +114,7 @@ def test_target_without_custom_name():
 @pytest.mark.parametrize(
     ("target", "expected"),
     [
-        (None, "model.target: required when model.name is custom; set it to 'pkg.module:factory'"),
+        (None, "model.target: required for a custom model; set it to 'pkg.module:factory'"),
         ("user_models", "model.target: expected 'pkg.module:factory'"),
         ("a:b:c", "model.target: expected 'pkg.module:factory'"),
         (":build", "model.target: expected 'pkg.module:factory'"),

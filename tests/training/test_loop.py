@@ -157,3 +157,24 @@ def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path):
     assert_same_weights(final_weights(full.run_dir), final_weights(resumed.run_dir))
     steps = [r["step"] for r in read_metrics(tmp_path / "part" / "metrics.jsonl") if r["split"] == "train"]
     assert steps == sorted(set(steps))  # rows after the checkpoint were not duplicated
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_on_cpu(tmp_path: Path, precision: str):
+    """The autocast + GradScaler path of the loop (the same lines a GPU runs)."""
+    result = trainforge.train(tiny("train.max_steps=4", f"train.precision={precision}"), run_dir=tmp_path / "run")
+    assert result.status == "completed" and result.skipped_steps == 0
+    assert all(torch.isfinite(t).all() for t in final_weights(result.run_dir).values())
+
+
+def test_channels_last_path_trains_on_cpu(tmp_path: Path):
+    cfg = tiny("model.name=cnn", "model.args={channels: [8, 16]}", "train.max_steps=3", "train.channels_last=true")
+    assert trainforge.train(cfg, run_dir=tmp_path / "run").status == "completed"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_auto_precision_and_peak_memory(tmp_path: Path):
+    result = trainforge.train(tiny("train.max_steps=4", "train.device=cuda", "model.name=cnn"), run_dir=tmp_path / "run")
+    rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
+    assert result.status == "completed" and rows[-1]["peak_mem_bytes"] > 0

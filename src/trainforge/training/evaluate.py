@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 console = Console(stderr=True)
 
@@ -17,12 +17,11 @@ class TrainProgress:
             return
         self._progress = Progress(
             TextColumn("epoch {task.fields[epoch]}"),
-            BarColumn(),
+            BarColumn(bar_width=16),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[sps]} samples/s"),
-            TimeElapsedColumn(),
+            TextColumn("loss {task.fields[loss]} lr {task.fields[lr]} {task.fields[sps]} samples/s"),
             TextColumn("ETA"),
-            TimeRemainingColumn(),
+            TimeRemainingColumn(compact=True),
             console=console,
             transient=False,
         )

@@ -6,7 +6,6 @@ ids — which then goes through the normal cleaning/split/normalize path, or a f
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Any, Callable, Union
 
@@ -18,23 +17,7 @@ from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.pool import Pool, TensorSamples
 from trainforge.data.sources.common import SOURCES
 from trainforge.errors import UserError
-
-
-def load_target(target: str | None) -> Callable[..., Any]:
-    """Import "pkg.module:attr"; every failure is a UserError naming data.target."""
-    if not target:
-        raise UserError('data.target: required when data.source is custom; set it to "pkg.module:factory"')
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise UserError(f'data.target: expected "pkg.module:factory", got {target!r}')
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # the user's module may fail in any way while importing
-        raise UserError(f"data.target: cannot import {module_name!r} ({type(e).__name__}: {e})") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise UserError(f"data.target: {module_name!r} has no callable {attr!r}")
-    return factory
+from trainforge.imports import load_target
 
 
 def _as_tensor(value: Any, what: str) -> torch.Tensor:
@@ -97,7 +80,7 @@ def check_args(factory: Callable[..., Any], cfg: DataConfig) -> None:
 @SOURCES.register("custom")
 def custom(cfg: DataConfig, *, seed: int) -> Union[Pool, DataBundle]:
     """data.target "pkg.module:factory"; data.args are passed to it as keyword arguments."""
-    factory = load_target(cfg.target)
+    factory = load_target(cfg.target, "data.target")
     check_args(factory, cfg)
     result = factory(**cfg.args)
     if isinstance(result, DataBundle):

@@ -1,0 +1,102 @@
+"""A real run, SIGKILLed at random moments and resumed each time, ends bit-identical to an uninterrupted one;
+SIGTERM saves a checkpoint and exits 0."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainforge
+
+OVERRIDES = [
+    "train.epochs=8",
+    "train.checkpoint_every_steps=4",
+    "train.early_stopping=null",
+    "train.deterministic=true",
+    "train.num_threads=1",
+    "log.progress=false",
+]
+
+
+def launch(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainforge", "train", *OVERRIDES, "--run-dir", str(run_dir), "--resume", "auto"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def latest_step(run_dir: Path) -> int:
+    try:
+        return int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    except (OSError, ValueError):
+        return -1
+
+
+def wait_for_progress(proc: subprocess.Popen, run_dir: Path, timeout_s: float = 120) -> bool:
+    """Block until the run writes a checkpoint newer than the one it resumed from; False if it ended."""
+    start_step = latest_step(run_dir)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if latest_step(run_dir) > start_step:
+            return True
+        time.sleep(0.02)
+    raise AssertionError("the run made no progress")
+
+
+def assert_bit_identical(a: Path, b: Path) -> None:
+    wa, wb = load_file(str(a / "final" / "model.safetensors")), load_file(str(b / "final" / "model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_then_resume_matches_uninterrupted(tmp_path: Path):
+    reference = tmp_path / "reference"
+    proc = launch(reference)
+    assert proc.wait(timeout=300) == 0, proc.stderr.read()
+
+    run = tmp_path / "killed"
+    rng = random.Random(20261129)
+    kills = 0
+    while True:
+        proc = launch(run)
+        if kills < 4 and wait_for_progress(proc, run):
+            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in a step, an evaluation or a checkpoint write
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+        break
+    assert kills >= 3
+    assert_bit_identical(reference, run)
+    assert (run / "eval.json").exists() and (run / "report.html").exists()
+    assert not list((run / "checkpoints").glob(".tmp-*")), "leftover temp checkpoint directories"
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_0(tmp_path: Path):
+    run = tmp_path / "run"
+    proc = launch(run)
+    assert wait_for_progress(proc, run)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    err = proc.stderr.read()
+    assert "SIGTERM: checkpoint saved at step" in err
+    stopped_at = latest_step(run)
+    assert f"checkpoint saved at step {stopped_at};" in err
+    assert not (run / "final").exists()
+    result = trainforge.train(None, run_dir=run, resume="auto")
+    assert result.status == "completed" and result.steps > stopped_at
