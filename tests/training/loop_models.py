@@ -54,23 +54,25 @@ class NaNOnCalls(_Flat):
 
 
 class SignalOnCall(_Flat):
-    """Sends this process SIGTERM during the given training forward call, as a preempting scheduler would."""
+    """Sends this process a signal during the given training forward call, as a preempting scheduler
+    (SIGTERM) or a user at the keyboard (SIGINT) would."""
 
-    def __init__(self, info, call: int, dropout: float) -> None:
+    def __init__(self, info, call: int, dropout: float, sig: str) -> None:
         super().__init__(info, dropout=dropout)
         self.signal_call = call
+        self.sig = getattr(signal, sig)
         self.train_calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training:
             self.train_calls += 1
             if self.train_calls == self.signal_call:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), self.sig)
         return super().forward(x)
 
 
-def term_on_call(info, call: int = -1, dropout: float = 0.2):
-    return SignalOnCall(info, call, dropout)
+def signal_on_call(info, call: int = -1, dropout: float = 0.2, sig: str = "SIGTERM"):
+    return SignalOnCall(info, call, dropout, sig)
 
 
 def oom_above(info, limit: int = 16):

@@ -116,14 +116,25 @@ def test_ema_weights_are_the_final_model(tmp_path: Path):
     assert any(not torch.equal(a[k], b[k]) for k in a)  # the EMA average, not the last weights
 
 
+def test_early_stopping_on_a_metric_the_task_lacks_is_a_user_error(tmp_path: Path):
+    with pytest.raises(UserError, match="train.early_stopping.metric: 'perplexity' is not reported for classification"):
+        trainforge.train(tiny("train.early_stopping={metric: perplexity}"), run_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_early_stopping_stops_and_keeps_the_best(tmp_path: Path):
     cfg = tiny(
-        "train.epochs=30", "train.eval_every_steps=2", "optim.lr=1e-9", "schedule.name=constant",
+        "train.epochs=30", "train.eval_every_steps=2", "train.checkpoint_every_steps=2", "train.keep_checkpoints=10",
+        "optim.lr=1e-3", "schedule.name=constant",
         "train.early_stopping={metric: accuracy, mode: max, patience: 2, min_delta: 0.5}",
     )
     result = trainforge.train(cfg, run_dir=tmp_path / "run")
     assert result.status == "early_stopped"
-    assert result.steps == 6  # best at the first evaluation (step 2), then two without improvement
+    assert result.steps == 6  # best at the first evaluation (step 2), then two without a 0.5 gain
+    best = load_file(str(tmp_path / "run" / "checkpoints" / "step-000002" / "model.safetensors"))
+    last = load_file(str(tmp_path / "run" / "checkpoints" / "step-000006" / "model.safetensors"))
+    assert_same_weights(final_weights(result.run_dir), best)  # the best weights, not the last
+    assert any(not torch.equal(best[k], last[k]) for k in best)
 
 
 @pytest.mark.slow
@@ -141,14 +152,15 @@ def test_a_run_dir_with_a_run_is_never_overwritten(tmp_path: Path):
     assert (tmp_path / "run" / "final" / "model.safetensors").read_bytes() == before
 
 
-def test_sigterm_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path):
-    """SIGTERM during step 7 of 12: the step finishes, a checkpoint is saved, the run returns; resuming it
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path, sig: str):
+    """SIGTERM or SIGINT during step 7 of 12: the step finishes, a checkpoint is saved, the run returns; resuming it
     ends with weights bit-identical to an uninterrupted run (dropout, augmentation and EMA included)."""
-    extra = ("model.name=custom", "model.target=loop_models:term_on_call", "train.max_steps=12",
+    extra = ("model.name=custom", "model.target=loop_models:signal_on_call", "train.max_steps=12",
              "data.augment.rotation_deg=15", "data.augment.crop_scale=[0.8, 1.0]", "train.ema_decay=0.9",
              "train.checkpoint_every_steps=5")
     full = trainforge.train(tiny(*extra, "model.args={call: -1}"), run_dir=tmp_path / "full")
-    part = trainforge.train(tiny(*extra, "model.args={call: 7}"), run_dir=tmp_path / "part")
+    part = trainforge.train(tiny(*extra, f"model.args={{call: 7, sig: {sig}}}"), run_dir=tmp_path / "part")
     assert part.status == "interrupted" and part.steps == 7
     assert find_resume_checkpoint(tmp_path / "part" / "checkpoints").name == "step-000007"
     assert not (tmp_path / "part" / "final").exists()

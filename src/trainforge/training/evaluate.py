@@ -20,6 +20,12 @@ from trainforge.training.metrics import classification_metrics, lm_metrics
 from trainforge.training.precision import autocast
 
 SPLITS = ("train", "val", "test")
+REPORTED = {"classification": ("loss", "accuracy", "macro_f1"), "lm": ("loss", "perplexity")}  # per task
+
+
+def check_metric(name: str, task: str, field: str) -> None:
+    if name not in REPORTED[task]:
+        raise UserError(f"{field}: {name!r} is not reported for {task}; choose one of {', '.join(REPORTED[task])}")
 
 
 @torch.no_grad()

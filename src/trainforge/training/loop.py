@@ -42,7 +42,7 @@ from trainforge.training.artifacts import info_to_dict, save_final_model
 from trainforge.training.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, write_text_atomic
 from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
-from trainforge.training.evaluate import evaluate_model
+from trainforge.training.evaluate import check_metric, evaluate_model
 from trainforge.training.losses import task_loss
 from trainforge.training.metrics import MetricsLog, read_metrics
 from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
@@ -77,6 +77,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         data = build_data(cfg.data, seed=cfg.seed)
         info = data.info
         model, _ = build_model(cfg.model, info)
+        if tc.early_stopping is not None:
+            check_metric(tc.early_stopping.metric, info.task, "train.early_stopping.metric")
 
         # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
         global_batch = tc.global_batch_size
