@@ -1,6 +1,6 @@
 """Loop overhead: trainforge's `fit()` against a plain hand-written PyTorch loop doing the same work.
 
-    .venv/bin/python benchmarks/loop_overhead.py                           # table + ratio, ~2 min
+    .venv/bin/python benchmarks/loop_overhead.py                           # table + ratio, about 1 minute
     .venv/bin/python benchmarks/loop_overhead.py --repeats 5 --steps 100 --threads 1 --json
 
 Both sides train the same model (the zoo's `cnn` on 3x32x32 images, fp32, CPU, AdamW at a constant
@@ -9,7 +9,7 @@ count and no DataLoader workers. trainforge runs through `fit()` unmodified: its
 `custom` source (this file's `synthetic_arrays`) and its step times are the `step_time_s` of its
 metrics.jsonl rows, one row per window of 10 steps. The plain loop is timed the same way: a
 perf_counter around each 10 steps, divided by 10. The first window of every run is warm-up and is
-dropped. Runs alternate R times (trainforge first in even repeats, plain first in odd ones) so slow
+dropped. R repeats alternate which side goes first (trainforge in repeats 1, 3, 5, ...), so slow
 drifts of the machine hit both sides alike. Printed: a per-repeat table and
 ratio = median(trainforge window step times) / median(plain window step times). The goal is <= 1.05.
 Always exits 0: the ratio is a measurement, not a test.
@@ -216,6 +216,8 @@ def measure(
 
 
 def relative_iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
     q1, _, q3 = statistics.quantiles(values, n=4)
     return (q3 - q1) / statistics.median(values)
 

@@ -144,6 +144,41 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly on
     out.print(table)
 
 
+@app.command()
+def gpus(
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="YAML file overriding or extending the catalog "
+                                           "(default: $TRAINFORGE_CATALOG)."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+) -> None:
+    """List the GPU catalog: memory, bandwidth, dense peak FLOP/s, cores, power, interconnect, price, sources."""
+    from trainforge.hardware.catalog import catalog_rows, load_catalog
+
+    rows = catalog_rows(load_catalog(catalog))
+    if as_json:
+        _print_json(rows)
+        return
+    table = Table(title="GPU catalog (dense tensor peaks; * = figure to verify)")
+    for col in ("gpu", "memory GiB", "bandwidth TB/s", "bf16 TF", "fp32 TF", "CUDA cores", "TDP W", "interconnect", "$/h", "price from"):
+        table.add_column(col, justify="left" if col in ("gpu", "interconnect", "price from") else "right")
+    for r in rows:
+        flag = lambda field: "*" if field in r["verify"] else ""  # noqa: E731
+        bf16 = r["peak_flops"]["bf16"]
+        price = r["price"]
+        table.add_row(
+            r["name"],
+            f"{r['memory_bytes'] / 2**30:.1f}",
+            f"{r['memory_bandwidth_bytes_per_s'] / 1e12:.2f}",
+            "-" if bf16 is None else f"{bf16 / 1e12:.0f}{flag('peak_flops.bf16')}",
+            f"{r['peak_flops']['fp32'] / 1e12:.1f}{flag('peak_flops.fp32')}",
+            "-" if r["cuda_cores"] is None else f"{r['cuda_cores']}{flag('cuda_cores')}",
+            f"{r['tdp_watts']:.0f}",
+            f"{r['interconnect_kind']} {r['interconnect_bytes_per_s'] / 1e9:.0f} GB/s",
+            "-" if price is None else f"{price['usd_per_hour']:.2f}",
+            "-" if price is None else f"{price['provider']} {price['date']}",
+        )
+    out.print(table)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: user errors exit 2 with one line, job failures exit 1."""
     try:

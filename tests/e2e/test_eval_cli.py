@@ -75,3 +75,24 @@ def test_eval_language_model_reports_perplexity(tmp_path, capsys):
 def test_python_api_evaluate(run):
     doc = trainforge.evaluate(run, split="val")
     assert doc["split"] == "val" and 0.0 <= doc["accuracy"] <= 1.0
+
+
+def test_gpus_command_lists_the_catalog_with_corrected_facts(capsys, tmp_path, monkeypatch):
+    with pytest.raises(SystemExit):
+        main(["gpus", "--json"])
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["a100-40gb"]["cuda_cores"] == 6912
+    assert rows["h100-sxm"]["memory_bandwidth_bytes_per_s"] == pytest.approx(3.35e12)
+    assert rows["h100-sxm"]["interconnect_bytes_per_s"] == pytest.approx(900e9)
+    assert rows["h100-sxm"]["peak_flops"]["bf16"] == pytest.approx(989e12)
+    override = tmp_path / "mine.yaml"
+    override.write_text("prices:\n  - {gpu: h100-sxm, usd_per_hour: 1.99, provider: ourcloud, terms: on-demand,"
+                        " date: 2026-11-01, source: our contract}\n")
+    monkeypatch.setenv("TRAINFORGE_CATALOG", str(override))
+    with pytest.raises(SystemExit):
+        main(["gpus", "--json"])
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["h100-sxm"]["price"]["usd_per_hour"] == 1.99
+    with pytest.raises(SystemExit):
+        main(["gpus"])
+    assert "6912" in capsys.readouterr().out

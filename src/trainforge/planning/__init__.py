@@ -1,0 +1,1 @@
+"""Planning a run before it starts: simulated memory and FLOPs of one training step."""

@@ -1,0 +1,368 @@
+"""Simulate one training step of a model on one GPU (or one rank) without a GPU and without memory.
+
+    sim = simulate_step(cfg.model, cfg.optim, info, micro_batch_size=8, precision="bf16")
+    sim.peak_bytes, sim.breakdown["activations"], sim.model_flops_per_sample
+
+Method. The real model (`build_model`) and optimizer (`build_optimizer`) are built under
+`FakeTensorMode`: tensors carry shapes, dtypes and devices but no storage, so a 7B model costs no
+memory. Two full training iterations run exactly as the trainer runs them (forward under autocast,
+`task_loss` on float logits, backward, optimizer step, zero_grad) inside torch's `MemTracker`,
+which sees every tensor created and freed and files it under parameters, gradients, optimizer
+state, activations or backward temporaries. Its peak over both iterations (the second one holds
+the optimizer state the first created) is the simulated peak; `measure_real_step` runs the same
+iterations on real CPU tensors and is what tests compare against. FSDP runs the same way on a
+fake process group (one rank of `world_size`, no communication) with `FSDPMemTracker`. FLOPs are
+counted on the same fake model (`planning.flops`).
+
+Blind spots, by design left to the caller's calibrated correction terms: the CUDA context,
+cuBLAS/cuDNN workspaces, the caching allocator's rounding and fragmentation, NCCL and DDP
+communication buffers, torch.compile, and GPU-only kernel choices (fused optimizers allocate no
+per-parameter temporaries; the CPU for-loop optimizer simulated here holds about two of the
+largest parameter's size during the step; CPU autocast casts a few ops differently from CUDA's).
+Gradient clipping and fp16 loss scaling are not simulated (in-place, a few scalars).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.tensor import DTensor
+
+from trainforge.config import ModelConfig, OptimConfig
+from trainforge.data.base import DataInfo
+from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
+from trainforge.errors import UserError
+from trainforge.models import build_model
+from trainforge.planning.flops import count_flops
+from trainforge.training.losses import task_loss
+from trainforge.training.optim import build_optimizer
+from trainforge.training.precision import DTYPES, autocast
+
+STRATEGIES = ("none", "ddp", "fsdp")
+
+# MemTracker / FSDPMemTracker categories -> our breakdown keys; anything else goes to "other"
+# (the input batch, FSDP all-gather and reduce-scatter buffers, untracked externals).
+CATEGORIES = {
+    "Parameter": "parameters",
+    "Buffer": "parameters",  # BatchNorm running statistics: model state like the weights
+    "Sharded Param": "parameters",
+    "Unsharded Param": "parameters",
+    "Gradient": "gradients",
+    "Sharded Grad": "gradients",
+    "Unsharded Grad": "gradients",
+    "Optstate": "optimizer_state",
+    "OptState": "optimizer_state",
+    "Activation": "activations",
+    "Temp": "temporaries",
+}
+BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+
+# HBM traffic of activations per step relative to what forward saves: written in forward, read
+# back in backward, and their gradients written and read once more (~2-3x; we take 3).
+ACTIVATION_TRAFFIC_FACTOR = 3
+
+DDP_NOTE = (
+    "ddp: simulated as one full model replica per rank; DDP adds gradient buckets (25 MiB each by "
+    "default, together another grad_bytes unless gradient_as_bucket_view) and NCCL buffers: add them "
+    "as correction terms"
+)
+
+
+@dataclass
+class Simulation:
+    """One simulated training step on one rank; bytes are per rank, FLOPs per sample."""
+
+    micro_batch_size: int
+    world_size: int
+    strategy: str  # none | ddp | fsdp
+    activation_checkpointing: bool
+    precision: str  # fp32 | bf16 | fp16
+    peak_bytes: int  # per rank, from the tracker, no correction terms
+    breakdown: dict[str, int]  # at the peak, BREAKDOWN_KEYS (+ "other"); sums to peak_bytes
+    param_count: int
+    param_bytes: int  # per rank (sharded under fsdp)
+    grad_bytes: int  # full gradient bytes before sharding: what DDP all-reduces
+    model_flops_per_sample: float  # forward + backward, no recompute
+    hardware_flops_per_sample: float  # including activation recompute
+    tokens_per_sample: int  # seq_len for token inputs, else 1
+    # rough HBM bytes moved per sample: ACTIVATION_TRAFFIC_FACTOR x activation_bytes / micro-batch,
+    # plus one step's weight, gradient and optimizer-state reads and writes spread over the micro-batch
+    memory_traffic_bytes_per_sample: float
+    activation_bytes: int = 0  # saved by forward for backward at the end of forward, per micro-batch
+    optimizer_state_bytes: int = 0  # per rank, persistent between steps
+    notes: list[str] = field(default_factory=list)
+
+
+def simulate_step(
+    model_cfg: ModelConfig,
+    optim_cfg: OptimConfig,
+    info: DataInfo,
+    *,
+    micro_batch_size: int,
+    precision: str = "fp32",
+    strategy: str = "none",
+    world_size: int = 1,
+    activation_checkpointing: bool = False,
+    label_smoothing: float = 0.0,
+) -> Simulation:
+    """Simulate two training iterations of `model_cfg` on fake tensors; see the module docstring.
+
+    `strategy` "ddp" simulates one full replica (what each rank holds); "fsdp" one rank of
+    `world_size` with each repeated block and the root sharded (FSDP2). Callable repeatedly.
+    """
+    _check(micro_batch_size, precision, strategy, world_size)
+    with FakeTensorMode():
+        model, spec = build_model(model_cfg, info)
+        param_count, full_param_bytes = _param_stats(model)
+        if activation_checkpointing:
+            apply_activation_checkpointing(model)
+        x, y = spec.example(micro_batch_size), _targets(info, micro_batch_size)
+        model_flops, hardware_flops = count_flops(model, x, task=info.task, precision=precision)
+        run = _run_fsdp if strategy == "fsdp" else _run_single
+        measured = run(model, optim_cfg, x, y, info.task, precision, label_smoothing, world_size)
+
+    notes = [DDP_NOTE] if strategy == "ddp" else []
+    param_bytes = measured.param_bytes
+    state_traffic = (
+        2 * full_param_bytes  # weights read in forward and in backward
+        + 2 * (param_bytes + measured.optimizer_state_bytes)  # optimizer reads and writes weights and state
+        + 2 * param_bytes  # gradients written in backward and read by the optimizer (local shard)
+    )
+    traffic = ACTIVATION_TRAFFIC_FACTOR * measured.activation_bytes + state_traffic
+    return Simulation(
+        micro_batch_size=micro_batch_size,
+        world_size=world_size,
+        strategy=strategy,
+        activation_checkpointing=activation_checkpointing,
+        precision=precision,
+        peak_bytes=measured.peak_bytes,
+        breakdown=measured.breakdown,
+        param_count=param_count,
+        param_bytes=param_bytes,
+        grad_bytes=full_param_bytes,  # gradients have their parameters' (master) dtype
+        model_flops_per_sample=model_flops / micro_batch_size,
+        hardware_flops_per_sample=hardware_flops / micro_batch_size,
+        tokens_per_sample=_tokens_per_sample(info),
+        memory_traffic_bytes_per_sample=traffic / micro_batch_size,
+        activation_bytes=measured.activation_bytes,
+        optimizer_state_bytes=measured.optimizer_state_bytes,
+        notes=notes,
+    )
+
+
+def measure_real_step(
+    model_cfg: ModelConfig,
+    optim_cfg: OptimConfig,
+    info: DataInfo,
+    *,
+    micro_batch_size: int,
+    precision: str = "fp32",
+    strategy: str = "none",
+    world_size: int = 1,
+    activation_checkpointing: bool = False,
+    label_smoothing: float = 0.0,
+    device: str = "cpu",
+) -> int:
+    """Peak bytes of the same two iterations on REAL tensors on `device`: the simulator's ground truth.
+
+    Allocates the memory for real, so use it on models that fit the machine.
+    """
+    _check(micro_batch_size, precision, strategy, world_size)
+    target = torch.device(device)
+    with target:
+        model, spec = build_model(model_cfg, info)
+        if activation_checkpointing:
+            apply_activation_checkpointing(model)
+        x, y = spec.example(micro_batch_size, device=target), _targets(info, micro_batch_size)
+        run = _run_fsdp if strategy == "fsdp" else _run_single
+        return run(model, optim_cfg, x, y, info.task, precision, label_smoothing, world_size).peak_bytes
+
+
+# ---------------------------------------------------------------- the tracked iterations
+
+
+@dataclass
+class _Measured:
+    peak_bytes: int
+    breakdown: dict[str, int]
+    param_bytes: int
+    activation_bytes: int
+    optimizer_state_bytes: int
+
+
+def _run_single(
+    model: nn.Module,
+    optim_cfg: OptimConfig,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    task: str,
+    precision: str,
+    label_smoothing: float,
+    world_size: int,
+) -> _Measured:
+    optimizer = build_optimizer(model, optim_cfg)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, x, y)
+    return _two_iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
+
+
+def _run_fsdp(
+    model: nn.Module,
+    optim_cfg: OptimConfig,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    task: str,
+    precision: str,
+    label_smoothing: float,
+    world_size: int,
+) -> _Measured:
+    with _fake_process_group(world_size) as mesh:
+        apply_fsdp(model, mesh, param_dtype=None if precision == "fp32" else DTYPES[precision])
+        optimizer = build_optimizer(model, optim_cfg)
+        for group in optimizer.param_groups:
+            # fused/foreach steps on fake DTensors inflate the tracked peak many times over
+            group["foreach"] = False
+        tracker = FSDPMemTracker(model, optimizer)
+        tracker.track_inputs((x, y))
+        return _two_iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
+
+
+def _two_iterations(
+    tracker: MemTracker,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    task: str,
+    precision: str,
+    label_smoothing: float,
+) -> _Measured:
+    """Two steps as the trainer takes them; the second starts with the optimizer state in place."""
+    with tracker:
+        for i in range(2):
+            activation_bytes = _forward_backward(tracker, model, x, y, task, precision, label_smoothing)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if i == 0:
+                tracker.reset_mod_stats()
+        after = _categories(_one_device(tracker.get_tracker_snapshot("current")))
+    peak_snapshot = _one_device(tracker.get_tracker_snapshot("peak"))
+    return _Measured(
+        peak_bytes=peak_snapshot["Total"],
+        breakdown=_breakdown(peak_snapshot),
+        param_bytes=_local_param_bytes(model),
+        activation_bytes=activation_bytes,
+        optimizer_state_bytes=after["optimizer_state"],
+    )
+
+
+def _forward_backward(
+    tracker: MemTracker,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    task: str,
+    precision: str,
+    label_smoothing: float,
+) -> int:
+    """Forward, loss, backward in a function of its own, as in the trainer: logits die before the step.
+
+    Returns the activation bytes alive at the end of forward (what backward will read).
+    """
+    with autocast(x.device, precision):
+        logits = model(x)
+    loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing)
+    activation_bytes = _categories(_one_device(tracker.get_tracker_snapshot("current")))["activations"]
+    loss.backward()
+    return activation_bytes
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _check(micro_batch_size: int, precision: str, strategy: str, world_size: int) -> None:
+    if micro_batch_size < 1:
+        raise UserError(f"train.micro_batch_size: must be a positive integer, got {micro_batch_size}")
+    if precision not in DTYPES:
+        raise UserError(
+            f"train.precision: the simulator needs one of {', '.join(DTYPES)}, got {precision!r}; "
+            "resolve 'auto' for the target device first"
+        )
+    if strategy not in STRATEGIES:
+        raise UserError(f"distributed.strategy: the simulator needs one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if world_size < 1 or (strategy == "none" and world_size != 1):
+        raise UserError(
+            f"world_size: {world_size} does not fit distributed.strategy {strategy!r}; "
+            "use 1 with 'none', any positive number with 'ddp' or 'fsdp'"
+        )
+
+
+@contextlib.contextmanager
+def _fake_process_group(world_size: int) -> Iterator:
+    """Rank 0 of a `world_size` fake process group (no communication) and its CPU device mesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():
+        raise RuntimeError("simulating fsdp needs its own fake process group; torch.distributed is already initialized")
+    dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+def _targets(info: DataInfo, batch_size: int) -> torch.Tensor:
+    """Class ids (B,) or next-token ids (B, T): the loss's memory does not depend on their values."""
+    shape = (batch_size, *info.input_shape) if info.task == "lm" else (batch_size,)
+    return torch.zeros(shape, dtype=torch.long)
+
+
+def _tokens_per_sample(info: DataInfo) -> int:
+    if info.input_dtype == "int64" and len(info.input_shape) == 1:
+        return int(info.seq_len or info.input_shape[0])
+    return 1
+
+
+def _param_stats(model: nn.Module) -> tuple[int, int]:
+    """(count, bytes) of the unsharded parameters, each shared tensor once."""
+    params = list(model.parameters())  # parameters() already yields a tied tensor once
+    return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
+
+
+def _local_param_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters this rank holds: its shards under FSDP, everything otherwise."""
+    total = 0
+    for p in model.parameters():
+        local = p.to_local() if isinstance(p, DTensor) else p
+        total += local.numel() * local.element_size()
+    return total
+
+
+def _one_device(snapshot: dict) -> dict[str, int]:
+    devices = list(snapshot.values())
+    assert len(devices) == 1, f"expected tensors on one device, got {list(snapshot)}"
+    return devices[0]
+
+
+def _categories(device_snapshot: dict[str, int]) -> dict[str, int]:
+    out = dict.fromkeys(BREAKDOWN_KEYS, 0)
+    for name, nbytes in device_snapshot.items():
+        if name != "Total":
+            key = CATEGORIES.get(str(getattr(name, "value", name)), "other")
+            out[key] = out.get(key, 0) + nbytes
+    return out
+
+
+def _breakdown(device_snapshot: dict[str, int]) -> dict[str, int]:
+    out = _categories(device_snapshot)
+    if not out.get("other"):
+        out.pop("other", None)
+    assert sum(out.values()) == device_snapshot["Total"], (out, device_snapshot)
+    return out
