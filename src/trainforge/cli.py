@@ -144,6 +144,55 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly on
     out.print(table)
 
 
+def _parse_counts(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--num-gpus: expected comma-separated counts like 1,2,4,8, got {text!r}") from None
+    return counts
+
+
+@app.command()
+def plan(
+    recipe: Optional[str] = typer.Argument(None, help="Recipe YAML path or built-in name; default: digits_cnn."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. train.global_batch_size=512"),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help="GPU to consider (repeatable; 'cpu' for this CPU); default: the whole catalog."),
+    num_gpus: str = typer.Option("1,2,4,8", "--num-gpus", help="GPU counts to consider, comma-separated."),
+    budget_usd: Optional[float] = typer.Option(None, "--budget-usd", help="Most the run may cost."),
+    deadline_h: Optional[float] = typer.Option(None, "--deadline-h", help="Most hours the run may take."),
+    efficiency: Optional[float] = typer.Option(None, "--efficiency", help="Override the model FLOPs utilization (0-1)."),
+    catalog: Optional[Path] = typer.Option(None, "--catalog", help="GPU catalog override file (default: $TRAINFORGE_CATALOG)."),
+    calibrate_: bool = typer.Option(False, "--calibrate", help="Run a few real steps here, compare, store the correction."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+) -> None:
+    """Predict memory, time and cost on candidate GPUs from a simulated step, and recommend a setup."""
+    from trainforge.config import load_config
+    from trainforge.hardware.catalog import load_catalog
+    from trainforge.planning.render import render_calibration, render_plan
+
+    recipe, overrides = _split_recipe(recipe, overrides)
+    cfg = load_config(recipe, overrides)
+    cat = load_catalog(catalog)
+    if calibrate_:
+        from trainforge.planning.calibrate import calibrate
+
+        entry = calibrate(cfg, catalog=cat)
+        if as_json:
+            _print_json(entry)
+        else:
+            out.print(render_calibration(entry))
+        return
+    from trainforge.planning.plan import plan as run_plan
+
+    result = run_plan(cfg, gpus=gpu or None, num_gpus=_parse_counts(num_gpus), budget_usd=budget_usd,
+                      deadline_h=deadline_h, efficiency=efficiency, catalog=cat)
+    if as_json:
+        _print_json(result)
+        return
+    for renderable in render_plan(result):
+        out.print(renderable)
+
+
 @app.command()
 def gpus(
     catalog: Optional[Path] = typer.Option(None, "--catalog", help="YAML file overriding or extending the catalog "

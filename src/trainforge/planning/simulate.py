@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from trainforge.config import ModelConfig, OptimConfig
@@ -72,6 +73,12 @@ DDP_NOTE = (
     "ddp: simulated as one full model replica per rank; DDP adds gradient buckets (25 MiB each by "
     "default, together another grad_bytes unless gradient_as_bucket_view) and NCCL buffers: add them "
     "as correction terms"
+)
+FSDP_NOTE = (
+    "fsdp: optimizer step simulated one parameter at a time (foreach=False); its temporaries, about twice "
+    "the largest local shard, are in the peak. A fused step (trainforge's default on GPUs) needs none, "
+    "a foreach step about one more copy of the local parameters; all-gather/reduce-scatter buffers are "
+    "under 'other'"
 )
 
 
@@ -118,17 +125,17 @@ def simulate_step(
     `world_size` with each repeated block and the root sharded (FSDP2). Callable repeatedly.
     """
     _check(micro_batch_size, precision, strategy, world_size)
-    with FakeTensorMode():
+    # the device mesh reads its rank table, so it is made before fake mode starts
+    with _process_group(strategy, world_size) as mesh, FakeTensorMode():
         model, spec = build_model(model_cfg, info)
         param_count, full_param_bytes = _param_stats(model)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
         x, y = spec.example(micro_batch_size), _targets(info, micro_batch_size)
         model_flops, hardware_flops = count_flops(model, x, task=info.task, precision=precision)
-        run = _run_fsdp if strategy == "fsdp" else _run_single
-        measured = run(model, optim_cfg, x, y, info.task, precision, label_smoothing, world_size)
+        measured = _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh)
 
-    notes = [DDP_NOTE] if strategy == "ddp" else []
+    notes = {"ddp": [DDP_NOTE], "fsdp": [FSDP_NOTE]}.get(strategy, [])
     param_bytes = measured.param_bytes
     state_traffic = (
         2 * full_param_bytes  # weights read in forward and in backward
@@ -176,13 +183,12 @@ def measure_real_step(
     """
     _check(micro_batch_size, precision, strategy, world_size)
     target = torch.device(device)
-    with target:
+    with _process_group(strategy, world_size) as mesh, target:
         model, spec = build_model(model_cfg, info)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
         x, y = spec.example(micro_batch_size, device=target), _targets(info, micro_batch_size)
-        run = _run_fsdp if strategy == "fsdp" else _run_single
-        return run(model, optim_cfg, x, y, info.task, precision, label_smoothing, world_size).peak_bytes
+        return _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh).peak_bytes
 
 
 # ---------------------------------------------------------------- the tracked iterations
@@ -197,7 +203,7 @@ class _Measured:
     optimizer_state_bytes: int
 
 
-def _run_single(
+def _measure(
     model: nn.Module,
     optim_cfg: OptimConfig,
     x: torch.Tensor,
@@ -205,25 +211,14 @@ def _run_single(
     task: str,
     precision: str,
     label_smoothing: float,
-    world_size: int,
+    mesh: Optional[DeviceMesh],
 ) -> _Measured:
-    optimizer = build_optimizer(model, optim_cfg)
-    tracker = MemTracker()
-    tracker.track_external(model, optimizer, x, y)
-    return _two_iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
-
-
-def _run_fsdp(
-    model: nn.Module,
-    optim_cfg: OptimConfig,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    task: str,
-    precision: str,
-    label_smoothing: float,
-    world_size: int,
-) -> _Measured:
-    with _fake_process_group(world_size) as mesh:
+    """Build the optimizer (sharding the model first when a mesh is given) and track two iterations."""
+    if mesh is None:
+        optimizer = build_optimizer(model, optim_cfg)
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer, x, y)
+    else:
         apply_fsdp(model, mesh, param_dtype=None if precision == "fp32" else DTYPES[precision])
         optimizer = build_optimizer(model, optim_cfg)
         for group in optimizer.param_groups:
@@ -231,7 +226,7 @@ def _run_fsdp(
             group["foreach"] = False
         tracker = FSDPMemTracker(model, optimizer)
         tracker.track_inputs((x, y))
-        return _two_iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
+    return _two_iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
 
 
 def _two_iterations(
@@ -305,10 +300,14 @@ def _check(micro_batch_size: int, precision: str, strategy: str, world_size: int
 
 
 @contextlib.contextmanager
-def _fake_process_group(world_size: int) -> Iterator:
-    """Rank 0 of a `world_size` fake process group (no communication) and its CPU device mesh."""
-    from torch.distributed.device_mesh import init_device_mesh
+def _process_group(strategy: str, world_size: int) -> Iterator[Optional[DeviceMesh]]:
+    """For fsdp: rank 0 of a fake `world_size` process group (no communication) and its CPU mesh.
 
+    Torn down on exit so the simulator can be called again in the same process.
+    """
+    if strategy != "fsdp":
+        yield None
+        return
     if dist.is_initialized():
         raise RuntimeError("simulating fsdp needs its own fake process group; torch.distributed is already initialized")
     dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)

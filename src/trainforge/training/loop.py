@@ -82,10 +82,21 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
 
         # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
         global_batch = tc.global_batch_size
-        micro = tc.micro_batch_size if isinstance(tc.micro_batch_size, int) else global_batch  # OOM recovery shrinks it
-        accumulation = accumulation_steps(global_batch, micro)
         per_epoch = steps_per_epoch(len(data.train), global_batch)
         total_steps = tc.max_steps or tc.epochs * per_epoch
+        auto_note = None
+        if isinstance(tc.micro_batch_size, int):
+            micro = tc.micro_batch_size
+        elif resume_from is not None:
+            micro = global_batch  # replaced by the checkpoint's micro-batch below
+        else:  # the planner picks the largest that fits; OOM recovery below stays the safety net
+            from trainforge.planning.auto import auto_micro_batch
+
+            choice = auto_micro_batch(cfg, info, device, precision, steps=total_steps)
+            micro = choice.micro_batch_size
+            auto_note = (f"train.micro_batch_size auto: {micro} (predicted peak {choice.predicted_peak_bytes / 2**20:.0f} "
+                         f"MiB of a {choice.budget_bytes / 2**20:.0f} MiB budget)")
+        accumulation = accumulation_steps(global_batch, micro)
         eval_every = tc.eval_every_steps or per_epoch
         ckpt_every = tc.checkpoint_every_steps or per_epoch
 
@@ -170,6 +181,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
 
         metrics = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
         progress = TrainProgress(total_steps, start_step, enabled=cfg.log.progress)
+        if auto_note:
+            progress.log(auto_note)
         if start_step:
             progress.log(f"resumed at step {start_step} of {total_steps} (epoch {start_step // per_epoch})")
         status, val, batches, done = "completed", {}, None, start_step
@@ -320,6 +333,8 @@ def forward_backward(
 
 def grad_norm_and_clip(model: nn.Module, max_norm: Optional[float], measure: bool) -> Optional[float]:
     """Clip to `max_norm` (the norm comes for free); without clipping, measure only when logging."""
+    if max_norm is None and not measure:
+        return None
     params = [p for p in model.parameters() if p.grad is not None]
     if max_norm is not None:
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
