@@ -6,6 +6,7 @@ The Python API:
     cfg = trainforge.load_config("recipes/digits_cnn.yaml", ["train.epochs=3"])
     result = trainforge.train(cfg, run_dir="runs/try")      # -> TrainResult(run_dir, status, steps, eval, ...)
     metrics = trainforge.evaluate("runs/try", split="test")  # -> dict (accuracy, macro_f1, ...)
+    report = trainforge.plan(cfg, gpus=["h100-sxm"], num_gpus=[1, 8])   # -> dict, as `plan --json`
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from trainforge.config import Config, load_config
 from trainforge.errors import JobFailed, UserError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "__version__"]
+__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "plan", "__version__"]
 
 if TYPE_CHECKING:
     from trainforge.training.loop import TrainResult
@@ -33,3 +34,11 @@ def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:
     from trainforge.training.evaluate import evaluate_checkpoint
 
     return evaluate_checkpoint(checkpoint, split=split, device=device)
+
+
+def plan(config: Any = None, **kwargs: Any) -> dict:
+    """Memory, time and cost on candidate GPUs; see `trainforge.planning.plan.plan` (config: Config or recipe)."""
+    from trainforge.planning.plan import plan as _plan
+
+    cfg = config if isinstance(config, Config) else load_config(config)
+    return _plan(cfg, **kwargs)

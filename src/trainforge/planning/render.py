@@ -45,7 +45,8 @@ def render_plan(result: dict[str, Any]) -> Iterator[Any]:
     head.add_row("optimizer steps", f"{result['steps']:,}")
     yield head
 
-    table = Table(title="candidates (cheapest first; peak includes correction terms)")
+    table = Table(title="candidates (cheapest first; peak includes correction terms; step time at the "
+                  "mid efficiency, range in brackets)")
     for col in ("gpu", "n", "fits", "strategy", "micro x acc", "peak/GPU", "step", "total", "cost", "kWh", "bound"):
         table.add_column(col, justify="left" if col in ("gpu", "strategy", "bound") else "right")
     for r in result["candidates"]:
@@ -61,7 +62,8 @@ def render_plan(result: dict[str, Any]) -> Iterator[Any]:
         table.add_row(
             r["gpu"], str(r["num_gpus"]), Text("yes", style="green"), strategy,
             f"{r['micro_batch_size']} x {r['accumulation']}", _bytes(r["peak_bytes_per_gpu"]),
-            _time(r["step_time_s"]), _time(r["total_time_s"]), _usd(r["cost_usd"]),
+            f"{_time(r['step_time_s'])} ({_time(r['step_time_range_s'][0])}-{_time(r['step_time_range_s'][1])})",
+            _time(r["total_time_s"]), _usd(r["cost_usd"]),
             f"{r['energy_kwh']:.2f}", r["bound"] + (f" ({', '.join(flags)})" if flags else ""),
         )
     yield table

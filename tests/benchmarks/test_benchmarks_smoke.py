@@ -17,3 +17,12 @@ def test_benchmark_smoke(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["ratio"] > 0
     assert 0.2 < doc["ratio"] < 5  # same model, same data: the two loops are within a small factor
+
+
+def test_planner_accuracy_benchmark_memory_rows_match():
+    spec = importlib.util.spec_from_file_location("planner_accuracy", BENCH.parent / "planner_accuracy.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = module.memory_rows()
+    assert len(rows) == len(module.MEMORY_CASES)
+    assert all(abs(r["ratio"] - 1) <= 0.05 for r in rows), rows
