@@ -215,11 +215,12 @@ def resolve_recipe(recipe: Optional[str]) -> Path:
     raise UserError(f"{recipe}: no such recipe; give a path to a YAML file or one of: {', '.join(builtin)}")
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, expected: str = "a recipe must be a YAML mapping of sections (data, model, optim, ...)") -> dict[str, Any]:
+    """A YAML file that must hold a mapping; every problem is one UserError naming the file (and line)."""
     try:
         text = path.read_text()
     except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+        raise UserError(f"{path}: cannot read ({e.strerror}); check the path") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -229,7 +230,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: a recipe must be a YAML mapping of sections (data, model, optim, ...)")
+        raise UserError(f"{path}: {expected}")
     return raw
 
 

@@ -294,7 +294,7 @@ def test_new_gpu_may_not_take_an_existing_alias(tmp_path):
 
 
 def test_missing_override_file_names_it(tmp_path):
-    with pytest.raises(UserError, match=r"nope\.yaml: cannot read the GPU catalog file"):
+    with pytest.raises(UserError, match=r"nope\.yaml: cannot read \(No such file or directory\); check the path"):
         load_catalog(tmp_path / "nope.yaml")
 
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from trainforge.errors import UnknownNameError, UserError
@@ -374,21 +373,9 @@ def _spec(e: _GpuEntry) -> GPUSpec:
 
 
 def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read the GPU catalog file ({e.strerror}); check the path") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}:" if mark is not None else ""
-        raise UserError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', None) or 'syntax'}); fix the syntax") from None
-    if raw is None:
-        return {}
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: a GPU catalog file is a YAML mapping with optional 'gpus:' and 'prices:' lists")
-    return raw
+    from trainforge.config import read_yaml
+
+    return read_yaml(path, expected="a GPU catalog file is a YAML mapping with optional 'gpus:' and 'prices:' lists")
 
 
 def _validate(model: type[BaseModel], raw: Any, path: Path, where: str) -> Any:
