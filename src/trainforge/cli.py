@@ -238,6 +238,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except JobFailed as e:
         err.print(f"[red]failed:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # a second Ctrl-C during training, or one outside it
+        err.print("interrupted")
+        sys.exit(130)
 
 
 if __name__ == "__main__":

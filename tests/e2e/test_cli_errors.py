@@ -116,3 +116,16 @@ def test_real_process_prints_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: optim.lr: expected a number, got 'fast'"
+
+
+def test_a_diverging_run_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "training"))
+    code, _, err = run_cli([
+        "train", "model.name=custom", "model.target=loop_models:nan_on_calls", "model.args={bad_calls: [1, 2, 3, 4, 5]}",
+        "train.max_steps=10", "train.max_bad_steps=3", "log.progress=false", "log.tensorboard=false",
+        "--run-dir", str(tmp_path / "run"),
+    ], capsys)
+    assert code == 1
+    assert "Traceback" not in err
+    last = [line for line in err.strip().splitlines() if line.strip()][-1]
+    assert last.startswith("failed: 3 non-finite losses in a row at step 3")

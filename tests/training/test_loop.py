@@ -85,7 +85,7 @@ def test_oom_halves_micro_batch_and_keeps_the_global_batch(tmp_path: Path):
 
 def test_oom_that_cannot_shrink_further_fails_the_run(tmp_path: Path):
     cfg = tiny("model.name=custom", "model.target=loop_models:oom_above", "model.args={limit: 0}", "train.max_steps=2")
-    with pytest.raises(RuntimeError, match="cannot be halved"):
+    with pytest.raises(JobFailed, match="cannot be halved"):
         trainforge.train(cfg, run_dir=tmp_path / "run")
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainforge.errors import UserError
+from trainforge.errors import JobFailed, UserError
 from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
 
 
@@ -16,5 +16,5 @@ def test_accumulation_keeps_global_batch():
 def test_halving_keeps_the_product_and_stops_at_odd():
     assert halve_micro_batch(32, 1) == (16, 2)
     assert halve_micro_batch(2, 16) == (1, 32)
-    with pytest.raises(RuntimeError, match="cannot be halved"):
+    with pytest.raises(JobFailed, match="cannot be halved"):
         halve_micro_batch(3, 1)

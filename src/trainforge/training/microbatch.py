@@ -1,7 +1,7 @@
 """Batch geometry: global = micro x accumulation x world size, and the OOM fallback that keeps it."""
 from __future__ import annotations
 
-from trainforge.errors import UserError
+from trainforge.errors import JobFailed, UserError
 
 
 def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int = 1) -> int:
@@ -17,10 +17,10 @@ def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size
 def halve_micro_batch(micro_batch_size: int, accumulation: int) -> tuple[int, int]:
     """After an out-of-memory error: half the micro-batch, twice the accumulation, same global batch.
 
-    Raises RuntimeError when the micro-batch cannot shrink further (odd or already 1).
+    Raises JobFailed (exit 1) when the micro-batch cannot shrink further (odd or already 1).
     """
     if micro_batch_size <= 1 or micro_batch_size % 2:
-        raise RuntimeError(
+        raise JobFailed(
             f"out of memory at micro-batch {micro_batch_size}, which cannot be halved; "
             "use a smaller model, train.precision=bf16, or a larger device"
         )
