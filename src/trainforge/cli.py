@@ -53,6 +53,10 @@ def train(
     overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. optim.lr=3e-4"),
     run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run directory (default runs/<name>-<time>)."),
     resume: Optional[str] = typer.Option(None, "--resume", help="'auto' or a run/checkpoint directory."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Processes (GPUs) per node: launch through torchrun."),
+    nnodes: str = typer.Option("1", "--nnodes", help="Nodes, N or MIN:MAX (elastic)."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="HOST:PORT of the rendezvous (multi-node)."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts of the worker group after a failure."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
     """Train a model from a recipe (with no recipe: the built-in default, digits with a CNN)."""
@@ -61,7 +65,24 @@ def train(
     recipe, overrides = _split_recipe(recipe, overrides)
     if resume is not None and resume != "auto" and not Path(resume).exists():
         raise UserError(f"--resume: {resume} does not exist; pass 'auto' or a run/checkpoint directory")
+    if nproc_per_node is not None or nnodes != "1" or rdzv_endpoint:
+        from trainforge.distributed.launch import launch
+
+        rd = launch(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=nproc_per_node or 1,
+                    nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
+        done = (rd / "eval.json").exists()
+        doc = {"run_dir": str(rd), "status": "completed" if done else "interrupted",
+               "eval": json.loads((rd / "eval.json").read_text()) if done else {}}
+        if as_json:
+            _print_json(doc)
+        else:
+            out.print(f"run {doc['status']}: {rd}" + ("" if done else f"; resume with --run-dir {rd} --resume auto"))
+        return
     result = run_train(recipe, overrides=overrides, run_dir=run_dir, resume=resume)
+    from trainforge.distributed.env import detect
+
+    if detect()[2] > 1:
+        return  # a worker of a launched group: the launcher reports
     doc = {
         "run_dir": str(result.run_dir),
         "status": result.status,

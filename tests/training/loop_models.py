@@ -85,3 +85,9 @@ def nan_on_calls(info, bad_calls: list[int] = ()):
 
 def flat(info, hidden: int = 32):
     return _Flat(info, hidden)
+
+
+def oom_on_rank(info, rank: int = 1, limit: int = 8):
+    """Runs out of memory above `limit` samples on one rank only, as an unevenly loaded GPU would."""
+    this_rank = int(os.environ.get("RANK", "0"))
+    return OOMAbove(info, limit if this_rank == rank else 10**9)

@@ -35,6 +35,18 @@ def train(
     resume=PATH: continue from that run directory or checkpoints/step-* directory.
     When resuming with config=None, the run's own config.yaml is used (plus overrides).
     """
+    cfg, rd, ckpt = prepare_run(config, overrides, run_dir=run_dir, resume=resume)
+    return fit(cfg, rd, resume_from=ckpt)
+
+
+def prepare_run(
+    config: ConfigLike,
+    overrides: Optional[list[str]],
+    *,
+    run_dir: Optional[Union[str, Path]],
+    resume: Optional[Union[str, Path]],
+) -> tuple[Config, Path, Optional[Path]]:
+    """(config, run directory, checkpoint to resume from or None), with every check that needs no work done."""
     overrides = list(overrides or [])
     ckpt: Optional[Path] = None
     if resume is None:
@@ -57,20 +69,7 @@ def train(
         cfg = _resumed_config(config, overrides, rd)
     check_names(cfg)
     check_writable(rd)
-    return fit(cfg, rd, resume_from=ckpt)
-
-
-def check_names(cfg: Config) -> None:
-    """Registry names are checked before any work starts (each lookup error lists the valid names)."""
-    from trainforge.data import SOURCES
-    from trainforge.models import MODELS
-    from trainforge.training.optim import OPTIMIZERS
-    from trainforge.training.schedule import SCHEDULES
-
-    SOURCES.get(cfg.data.source)
-    MODELS.get(cfg.model.name)
-    OPTIMIZERS.get(cfg.optim.name)
-    SCHEDULES.get(cfg.schedule.name)
+    return cfg, rd, ckpt
 
 
 def _as_config(config: ConfigLike, overrides: list[str]) -> Config:
@@ -91,3 +90,16 @@ def _resumed_config(config: ConfigLike, overrides: list[str], run_dir: Path) -> 
 
 
 __all__ = ["train", "TrainResult"]
+
+
+def check_names(cfg: Config) -> None:
+    """Registry names are checked before any work starts (each lookup error lists the valid names)."""
+    from trainforge.data import SOURCES
+    from trainforge.models import MODELS
+    from trainforge.training.optim import OPTIMIZERS
+    from trainforge.training.schedule import SCHEDULES
+
+    SOURCES.get(cfg.data.source)
+    MODELS.get(cfg.model.name)
+    OPTIMIZERS.get(cfg.optim.name)
+    SCHEDULES.get(cfg.schedule.name)

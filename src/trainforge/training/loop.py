@@ -34,8 +34,18 @@ from trainforge.data.loader import (
     resolve_num_workers,
     steps_per_epoch,
 )
+from trainforge.distributed.data_parallel import (
+    agree,
+    all_reduce_gradients,
+    barrier,
+    broadcast_object,
+    broadcast_state,
+    gather_objects,
+    max_over_ranks,
+)
+from trainforge.distributed.env import distributed, resolve_strategy
 from trainforge.errors import JobFailed
-from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, reset_peak_memory, resolve_device
+from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, reset_peak_memory
 from trainforge.models import build_model, is_convolutional
 from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
@@ -44,7 +54,7 @@ from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
 from trainforge.training.evaluate import check_metric, evaluate_model
 from trainforge.training.losses import task_loss
-from trainforge.training.metrics import MetricsLog, read_metrics
+from trainforge.training.metrics import MetricsLog, NullLog, read_metrics
 from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
 from trainforge.training.optim import build_optimizer, set_lr
 from trainforge.training.precision import autocast, make_scaler, resolve_precision
@@ -68,10 +78,13 @@ class TrainResult:
 def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> TrainResult:
     run_dir = Path(run_dir)
     tc = cfg.train
-    device = resolve_device(tc.device)
-    precision = resolve_precision(tc.precision, device)
-    with determinism(tc.deterministic, tc.num_threads, device), stop_on_signals() as stop:
-        seed_everything(cfg.seed)
+    with contextlib.ExitStack() as stack:
+        env, device = stack.enter_context(distributed(tc.device))
+        precision = resolve_precision(tc.precision, device)
+        stack.enter_context(determinism(tc.deterministic, tc.num_threads, device))
+        stop = stack.enter_context(stop_on_signals())
+        strategy = resolve_strategy(cfg.distributed.strategy, env)
+        seed_everything(cfg.seed)  # the same initial weights on every rank (rank 0's are broadcast too)
 
         # ---- data and model
         data = build_data(cfg.data, seed=cfg.seed)
@@ -96,20 +109,24 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             micro = choice.micro_batch_size
             auto_note = (f"train.micro_batch_size auto: {micro} (predicted peak {choice.predicted_peak_bytes / 2**20:.0f} "
                          f"MiB of a {choice.budget_bytes / 2**20:.0f} MiB budget)")
-        accumulation = accumulation_steps(global_batch, micro)
+        accumulation = accumulation_steps(global_batch, micro, env.world_size)
         eval_every = tc.eval_every_steps or per_epoch
         ckpt_every = tc.checkpoint_every_steps or per_epoch
 
-        # the run directory is created only once data and model are known to be good
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
-        write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
+        # the run directory is created only once data and model are known to be good; rank 0 writes
+        if env.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+            write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
 
         # ---- device placement, optimizer, scaler, EMA, early stopping
         channels_last = tc.channels_last is True or (
             tc.channels_last == "auto" and device.type == "cuda" and is_convolutional(model)
         )
         model.to(device, memory_format=torch.channels_last) if channels_last else model.to(device)
+        broadcast_state(model, env)
+        if env.rank:  # each rank its own dropout stream; rank 0 keeps the single-process one
+            seed_everything(cfg.seed + 7919 * env.rank)
         optimizer = build_optimizer(model, cfg.optim)
         scaler = make_scaler(device, precision)
         ema = EMA(model, tc.ema_decay) if tc.ema_decay else None
@@ -130,15 +147,20 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                 stopper.load_state_dict(state["early_stop"])
             best_state = state["best_model"]
             start_step, skipped, bad_in_row = state["step"], state["skipped_steps"], state["bad_steps_in_row"]
-            micro, accumulation = state["micro_batch_size"], state["accumulation"]
-            set_rng_state(state["rng"])
-        truncate_metrics(run_dir / "metrics.jsonl", after_step=start_step)
+            micro = state["micro_batch_size"]
+            accumulation = accumulation_steps(global_batch, micro, env.world_size)
+            rank_states = state.get("rng_ranks") or [state["rng"]]
+            if env.rank < len(rank_states):  # same world size: every rank continues its own stream exactly
+                set_rng_state(rank_states[env.rank])
+        if env.is_main:
+            truncate_metrics(run_dir / "metrics.jsonl", after_step=start_step)
 
         # ---- data loaders; the sampler makes the order a function of (seed, epoch)
         workers = resolve_num_workers(cfg.data.num_workers, device.type)
         pin = device.type == "cuda"
         sampler = PositionBatchSampler(
-            len(data.train), seed=cfg.seed, micro_batch_size=micro, global_batch_size=global_batch
+            len(data.train), seed=cfg.seed, micro_batch_size=micro, global_batch_size=global_batch,
+            rank=env.rank, world_size=env.world_size,
         )
         loader = make_train_loader(data.train, sampler, num_workers=workers, pin_memory=pin)
         val_loader = make_eval_loader(data.val, batch_size=max(micro, 64), num_workers=workers, pin_memory=pin)
@@ -153,6 +175,10 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                 return evaluate_model(model, val_loader, info=info, device=device, precision=precision, detailed=detailed)
 
         def checkpoint(done: int) -> None:
+            rng_ranks = gather_objects(env, get_rng_state())
+            if not env.is_main:
+                barrier(env)  # nobody moves on (or exits) before the checkpoint is complete
+                return
             save_checkpoint(
                 run_dir / "checkpoints",
                 done,
@@ -171,16 +197,21 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                     "best_model": best_state,
                     "skipped_steps": skipped,
                     "bad_steps_in_row": bad_in_row,
-                    "rng": get_rng_state(),
+                    "rng": rng_ranks[0],
+                    "rng_ranks": rng_ranks,
+                    "world_size": env.world_size,
                     "config_yaml": cfg.to_yaml(),
                     "data_info_json": json.dumps(info_to_dict(info)),
                     "preprocess_json": json.dumps(data.preprocess),
                 },
                 keep=tc.keep_checkpoints,
             )
+            barrier(env)
 
-        metrics = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
-        progress = TrainProgress(total_steps, start_step, enabled=cfg.log.progress)
+        # one voice: rank 0 logs and shows progress
+        metrics = (MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
+                   if env.is_main else NullLog())
+        progress = TrainProgress(total_steps, start_step, enabled=cfg.log.progress and env.is_main)
         if auto_note:
             progress.log(auto_note)
         if start_step:
@@ -198,31 +229,41 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                 lr = lr_at(step, base_lr=cfg.optim.lr, total_steps=total_steps, cfg=cfg.schedule)
                 set_lr(optimizer, lr)
 
-                # forward + backward over the micro-batches; on OOM retry the same samples smaller
+                # forward + backward over the micro-batches, no communication; then all ranks agree on
+                # the loss, out-of-memory and stop signals; on OOM anywhere all retry the same samples smaller
                 rng_at_step = torch.get_rng_state()
                 while True:
+                    oom = False
                     try:
                         loss_sum, wait_s = forward_backward(
                             step_model, batches, accumulation, device=device, precision=precision, scaler=scaler,
                             task=info.task, label_smoothing=tc.label_smoothing, channels_last=channels_last,
                         )
-                        break
+                        local_loss = loss_sum.item()
                     except Exception as exc:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
                         if not is_oom(exc):
                             raise
                         del exc
-                        optimizer.zero_grad(set_to_none=True)
-                        empty_cache(device)
-                        micro, accumulation = halve_micro_batch(micro, accumulation)
-                        progress.log(f"[yellow]out of memory at step {step + 1}: micro-batch -> {micro}, accumulation -> {accumulation}")
-                        torch.set_rng_state(rng_at_step)
-                        sampler.set_micro_batch_size(micro)
-                        batches = batches_from(epoch, position)
-                loss = loss_sum.item()
+                        oom, local_loss, wait_s = True, 0.0, 0.0
+                    agreed = agree(env, device, local_loss, oom, bool(stop), wait_s)
+                    if not agreed.oom:
+                        break
+                    optimizer.zero_grad(set_to_none=True)
+                    empty_cache(device)
+                    micro, accumulation = halve_micro_batch(micro, accumulation)
+                    progress.log(f"[yellow]out of memory at step {step + 1}: micro-batch -> {micro}, accumulation -> {accumulation}")
+                    torch.set_rng_state(rng_at_step)
+                    sampler.set_micro_batch_size(micro)
+                    batches = batches_from(epoch, position)
+                loss, wait_s = agreed.loss, agreed.data_wait_s
+                if agreed.stop and not stop:
+                    stop.signal_name = "SIGTERM (another rank)"
 
                 # a non-finite loss skips the update; too many in a row ends the run (last checkpoint intact)
                 if math.isfinite(loss):
                     bad_in_row = 0
+                    if strategy == "ddp":
+                        all_reduce_gradients(model, env)  # once per optimizer step, after the agreement
                     scaler.unscale_(optimizer)
                     grad_norm = grad_norm_and_clip(model, tc.grad_clip_norm, measure=(step + 1) % tc.log_every_steps == 0)
                     scaler.step(optimizer)
@@ -245,13 +286,15 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                 # log a train row
                 if done % tc.log_every_steps == 0 or done == total_steps:
                     row = window.row(device, global_batch)
+                    row["peak_mem_bytes"] = int(max_over_ranks(env, device, row["peak_mem_bytes"]))
                     row.update(split="train", step=done, epoch=round(done / per_epoch, 4), lr=lr, grad_norm=grad_norm)
                     metrics.log(row)
                     progress.update(done, epoch, row["loss"], lr, row["samples_per_s"])
                     window = Window()
 
                 # evaluate: val row, early stopping, best weights
-                if done % eval_every == 0 or done == total_steps:
+                # evaluate (rank 0; replicas are identical): val row, early stopping, best weights
+                if (done % eval_every == 0 or done == total_steps) and env.is_main:
                     val = evaluate_now()
                     metrics.log({"split": "val", "step": done, "epoch": round(done / per_epoch, 4), **val})
                     if stopper is not None:
@@ -262,6 +305,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                             status = "early_stopped"
                             progress.log(f"early stopping at step {done}: no {stopper.metric} improvement "
                                          f"in {stopper.patience} evaluations (best {stopper.best:.4f})")
+                if done % eval_every == 0 or done == total_steps:
+                    status = broadcast_object(env, status)
 
                 # checkpoint when due (not amid a run of non-finite losses), at the end, on a signal, on early stop
                 due = (done % ckpt_every == 0 or done == total_steps) and bad_in_row == 0
@@ -278,7 +323,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             metrics.close()
 
         result = TrainResult(run_dir, status, done, val=val, skipped_steps=skipped, micro_batch_size=micro)
-        if status == "interrupted":
+        if status == "interrupted" or not env.is_main:
+            barrier(env)
             return result
 
         # ---- the final model: best (early stopping) > EMA > last weights; test metrics; report
@@ -292,6 +338,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         result.eval = {"split": "test", "step": done, **test}
         write_text_atomic(run_dir / "eval.json", json.dumps(result.eval, indent=1))
         write_report(run_dir)
+        barrier(env)
         return result
 
 

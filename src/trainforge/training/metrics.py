@@ -205,6 +205,16 @@ def _drop_partial_last_line(path: Path) -> None:
         f.truncate(data.rfind(b"\n") + 1)  # rfind = -1 (no complete line) truncates to empty
 
 
+class NullLog:
+    """What ranks other than 0 log to: nothing (one voice per run)."""
+
+    def log(self, row: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def read_metrics(path: Path) -> list[dict]:
     """All rows of a metrics.jsonl, in file order.
 

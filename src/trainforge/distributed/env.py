@@ -1,0 +1,87 @@
+"""Who am I in a distributed run: rank, local rank, world size, from the standard environment variables.
+
+torchrun (and `trainforge train --nproc-per-node N`, which runs torchrun) sets RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT; `srun` without torchrun sets SLURM_PROCID, SLURM_LOCALID and
+SLURM_NTASKS (MASTER_ADDR/MASTER_PORT then come from the batch script). The same code runs under all
+three and as a plain single process. NCCL on GPUs, gloo on the CPU, one GPU per process by LOCAL_RANK.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainforge.errors import UserError
+from trainforge.hardware.device import resolve_device
+
+TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    backend: str = ""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def detect() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's or Slurm's variables; (0, 0, 1) otherwise."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env.get("LOCAL_RANK", 0)), int(env["WORLD_SIZE"])
+    if "SLURM_PROCID" in env and int(env.get("SLURM_NTASKS", "1")) > 1 and "MASTER_ADDR" in env:
+        return int(env["SLURM_PROCID"]), int(env.get("SLURM_LOCALID", 0)), int(env["SLURM_NTASKS"])
+    return 0, 0, 1
+
+
+@contextlib.contextmanager
+def distributed(device_spec: str) -> Iterator[tuple[DistEnv, torch.device]]:
+    """Join the process group for the duration of a run (when there is more than one process)."""
+    rank, local_rank, world_size = detect()
+    if world_size == 1:
+        yield DistEnv(), resolve_device(device_spec)
+        return
+    kind = device_spec.split(":", 1)[0]
+    if kind in ("auto", "cuda") and torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    elif kind in ("auto", "cpu"):
+        device, backend = torch.device("cpu"), "gloo"
+    else:
+        raise UserError(f"train.device: {device_spec!r} is not supported in a distributed run; use auto, cuda or cpu")
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("WORLD_SIZE", str(world_size))
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=TIMEOUT)
+    try:
+        yield DistEnv(rank, local_rank, world_size, backend), device
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def resolve_strategy(strategy: str, env: DistEnv) -> str:
+    """`auto`: data parallel replicas when there is more than one process, else none."""
+    if strategy == "auto":
+        return "ddp" if env.is_distributed else "none"
+    if strategy == "none" and env.is_distributed:
+        raise UserError(f"distributed.strategy: none cannot run on {env.world_size} processes; use ddp or auto")
+    if strategy == "fsdp":
+        raise UserError("distributed.strategy: fsdp training is not available yet (the planner simulates it); use ddp")
+    return strategy

@@ -1,0 +1,135 @@
+"""Multi-process training on the CPU with gloo, through the real launcher (torchrun).
+
+Equivalence with one process, resuming across world sizes, out-of-memory agreed by all ranks, a worker
+SIGKILLed and restarted, and SIGTERM to the launcher (preemption)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+LOOP_MODELS = str(Path(__file__).resolve().parents[1] / "training")
+BASE = [
+    "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "model.name=mlp",
+    "model.args={hidden: [32], dropout: 0.0}", "train.global_batch_size=32", "train.device=cpu",
+    "train.log_every_steps=1", "train.early_stopping=null", "schedule.name=constant", "schedule.warmup_steps=0",
+    "train.deterministic=true",
+    "log.progress=false", "log.tensorboard=false",
+]
+
+
+def command(run_dir: Path, *extra: str, nproc: int = 1, micro: int = 32, restarts: int = 0) -> list[str]:
+    cmd = [sys.executable, "-m", "trainforge", "train", *BASE, f"train.micro_batch_size={micro}", *extra,
+           "--run-dir", str(run_dir)]
+    if nproc > 1:
+        cmd += ["--nproc-per-node", str(nproc), "--max-restarts", str(restarts)]
+    return cmd
+
+
+def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=LOOP_MODELS)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    steps = [r["step"] for r in train]
+    assert steps == sorted(set(steps)), "one voice: every step logged once"
+    return [r["loss"] for r in train]
+
+
+def weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "final" / "model.safetensors"))
+
+
+def test_two_processes_match_one_process_with_twice_the_micro_batch(tmp_path):
+    run(command(tmp_path / "one", "train.max_steps=20", micro=32))
+    run(command(tmp_path / "two", "train.max_steps=20", nproc=2, micro=16))
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert len(one) == len(two) == 20
+    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-5
+    assert not (tmp_path / "two" / "two").exists() and len(list(tmp_path.iterdir())) == 2  # one run directory
+
+
+def test_a_checkpoint_from_two_processes_resumes_on_one_and_back(tmp_path):
+    run(command(tmp_path / "ref1", "train.max_steps=12", micro=16))
+    run(command(tmp_path / "a", "train.max_steps=6", nproc=2, micro=16))
+    run(command(tmp_path / "a", "train.max_steps=12", micro=16) + ["--resume", "auto"])
+    assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref1"), train_losses(tmp_path / "a"))) < 1e-5
+    run(command(tmp_path / "b", "train.max_steps=6", micro=16))
+    run(command(tmp_path / "b", "train.max_steps=12", nproc=2, micro=16) + ["--resume", "auto"])
+    assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref1"), train_losses(tmp_path / "b"))) < 1e-5
+
+
+def test_out_of_memory_on_one_rank_is_agreed_by_all(tmp_path):
+    model = ["model.name=custom", "model.target=loop_models:oom_on_rank"]
+    proc = run(command(tmp_path / "oom", *model, "model.args={rank: 1, limit: 4}", "train.max_steps=4", nproc=2, micro=16))
+    assert "micro-batch -> 4" in proc.stderr
+    run(command(tmp_path / "plain", *model, "model.args={rank: 1, limit: 1000}", "train.max_steps=4", nproc=2, micro=4))
+    a, b = weights(tmp_path / "oom"), weights(tmp_path / "plain")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same as choosing micro-batch 4 from the start
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+
+
+def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / "checkpoints" / "latest").exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(tmp_path):
+    steps = ["train.max_steps=60", "train.checkpoint_every_steps=5", "model.args={hidden: [256, 256], dropout: 0.1}"]
+    run(command(tmp_path / "ref", *steps, nproc=2, micro=16))
+    env = dict(os.environ, PYTHONPATH=LOOP_MODELS)
+    proc = subprocess.Popen(command(tmp_path / "run", *steps, nproc=2, micro=16, restarts=1),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    _wait_for_checkpoint(tmp_path / "run", proc)
+    workers = _children(proc.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert "resumed at step" in err
+    a, b = weights(tmp_path / "ref"), weights(tmp_path / "run")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigterm_to_the_launcher_checkpoints_all_ranks_and_exits_0(tmp_path):
+    steps = ["train.max_steps=400", "train.checkpoint_every_steps=50", "model.args={hidden: [256, 256], dropout: 0.0}"]
+    env = dict(os.environ, PYTHONPATH=LOOP_MODELS)
+    proc = subprocess.Popen(command(tmp_path / "run", *steps, nproc=2, micro=16),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "run" / "metrics.jsonl").exists() or "\"step\": 3," not in (tmp_path / "run" / "metrics.jsonl").read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    latest = (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    stopped_at = int(latest.removeprefix("step-"))
+    assert 0 < stopped_at < 400 and not (tmp_path / "run" / "final").exists()
+    resumed = run(command(tmp_path / "run", *steps, micro=32) + ["--resume", "auto", "--json"])
+    assert json.loads(resumed.stdout)["steps"] == 400
