@@ -154,7 +154,8 @@ class TrainConfig(Section):
 
 
 class DistributedConfig(Section):
-    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # auto: ddp with more than one process
+    activation_checkpointing: bool = False  # recompute each repeated block's activations in backward
 
 
 class LogConfig(Section):

@@ -133,3 +133,29 @@ def test_sigterm_to_the_launcher_checkpoints_all_ranks_and_exits_0(tmp_path):
     assert 0 < stopped_at < 400 and not (tmp_path / "run" / "final").exists()
     resumed = run(command(tmp_path / "run", *steps, micro=32) + ["--resume", "auto", "--json"])
     assert json.loads(resumed.stdout)["steps"] == 400
+
+
+GPT = ["model.name=gpt", "model.args={n_layer: 2, n_head: 2, n_embd: 32, dropout: 0.0}", "data.source=synthetic_text",
+       "data.args={task: lm, num_samples: 400, seq_len: 32, vocab_size: 64}", "data.normalize=none"]
+
+
+def test_fsdp_two_processes_match_one_process(tmp_path):
+    run(command(tmp_path / "one", *GPT, "train.max_steps=20", micro=16))
+    run(command(tmp_path / "fsdp", *GPT, "train.max_steps=20", "distributed.strategy=fsdp", nproc=2, micro=8))
+    one, fsdp = train_losses(tmp_path / "one"), train_losses(tmp_path / "fsdp")
+    assert len(one) == len(fsdp) == 20
+    assert max(abs(a - b) for a, b in zip(one, fsdp)) < 1e-5
+    assert (tmp_path / "fsdp" / "checkpoints" / "step-000020" / ".metadata").exists()  # sharded (DCP)
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "fsdp")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)  # Adam amplifies float-order noise a little
+
+
+def test_fsdp_checkpoint_resumes_on_one_process_and_back(tmp_path):
+    run(command(tmp_path / "ref", *GPT, "train.max_steps=10", micro=8))
+    run(command(tmp_path / "a", *GPT, "train.max_steps=5", "distributed.strategy=fsdp", nproc=2, micro=4))
+    run(command(tmp_path / "a", *GPT, "train.max_steps=10", "distributed.strategy=none", micro=8) + ["--resume", "auto"])
+    assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref"), train_losses(tmp_path / "a"))) < 1e-5
+    run(command(tmp_path / "b", *GPT, "train.max_steps=5", micro=8))
+    run(command(tmp_path / "b", *GPT, "train.max_steps=10", "distributed.strategy=fsdp", nproc=2, micro=4)
+        + ["--resume", "auto"])
+    assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref"), train_losses(tmp_path / "b"))) < 1e-5

@@ -82,6 +82,4 @@ def resolve_strategy(strategy: str, env: DistEnv) -> str:
         return "ddp" if env.is_distributed else "none"
     if strategy == "none" and env.is_distributed:
         raise UserError(f"distributed.strategy: none cannot run on {env.world_size} processes; use ddp or auto")
-    if strategy == "fsdp":
-        raise UserError("distributed.strategy: fsdp training is not available yet (the planner simulates it); use ddp")
     return strategy

@@ -25,8 +25,11 @@ from trainforge.training.checkpoint import (
     MODEL_FILE,
     contiguous_state,
     find_resume_checkpoint,
+    is_sharded,
     load_checkpoint,
     load_model_weights,
+    load_sharded_into,
+    load_state,
 )
 
 FORMAT = "trainforge-model/1"
@@ -120,7 +123,17 @@ def load_trained(path: Path) -> Trained:
         path = found
     if not (path / "manifest.json").is_file():
         raise UserError(f"{path}: not a run directory, final/ or checkpoints/step-* directory")
-    weights, state = load_checkpoint(path)
+    if is_sharded(path):  # an FSDP checkpoint: gather its shards into whole tensors in this one process
+        state = load_state(path)
+        config, info = config_from_yaml_text(state["config_yaml"]), info_from_dict(json.loads(state["data_info_json"]))
+        from trainforge.models import build_model
+
+        model, _ = build_model(config.model, info)
+        weights = {"model": model.state_dict()}
+        load_sharded_into(path, weights)
+        weights = weights["model"]
+    else:
+        weights, state = load_checkpoint(path)
     return Trained(
         config=config_from_yaml_text(state["config_yaml"]),
         info=info_from_dict(json.loads(state["data_info_json"])),

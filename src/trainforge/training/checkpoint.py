@@ -132,7 +132,8 @@ def prune_checkpoints(root: Path, keep: int) -> None:
             continue
         shutil.rmtree(old, ignore_errors=True)
     for tmp in root.glob(".tmp-step-*"):  # left by a kill mid-write; never referenced by `latest`
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not tmp.name.endswith("-sharded"):  # the sharded one in flight is cleaned by its writer
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def read_latest(root: Path) -> Optional[Path]:
@@ -194,3 +195,64 @@ def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor])
     really_missing = [m for m in missing if ptr_of.get(own[m].data_ptr()) == m]
     if really_missing:
         raise UserError(f"checkpoint does not match the model: missing weights {really_missing[:3]}")
+
+
+# ---------------------------------------------------------------- sharded (FSDP) checkpoints
+
+DCP_METADATA = ".metadata"  # written by torch.distributed.checkpoint next to its shard files
+
+
+def is_sharded(path: Path) -> bool:
+    return (path / DCP_METADATA).is_file()
+
+
+def save_sharded_checkpoint(
+    root: Path, step: int, tensors: dict[str, Any], state: dict[str, Any], keep: int, *, is_main: bool, barrier
+) -> Path:
+    """All ranks: write `tensors` (model and optimizer shards) with torch.distributed.checkpoint into a
+    temp directory; rank 0 then adds state.pt and the manifest, renames it into place and rewrites
+    `latest`, exactly like `save_checkpoint`. `barrier` synchronizes the ranks."""
+    import torch.distributed.checkpoint as dcp
+
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp-{step_dir_name(step)}-sharded"
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    barrier()
+    dcp.save(tensors, checkpoint_id=str(tmp))
+    barrier()
+    if is_main:
+        torch.save(state, tmp / STATE_FILE)
+        files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        (tmp / MANIFEST_FILE).write_text(json.dumps({"step": step, "sha256": {n: sha256_file(tmp / n) for n in files}}, indent=1))
+        for name in (*files, MANIFEST_FILE):
+            _fsync_file(tmp / name)
+        _fsync_dir(tmp)
+        if final.exists():
+            trash = root / f".old-{final.name}-{os.getpid()}"
+            os.replace(final, trash)
+            shutil.rmtree(trash)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        write_text_atomic(root / LATEST, final.name + "\n")
+        prune_checkpoints(root, keep)
+    barrier()
+    return final
+
+
+def load_sharded_into(path: Path, tensors: dict[str, Any]) -> None:
+    """Fill `tensors` (sharded or whole, any world size) in place from a sharded checkpoint."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(tensors, checkpoint_id=str(path), no_dist=not dist.is_initialized())
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    verify_checkpoint(path)
+    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from trainforge.config import Config
 from trainforge.data import build_data
@@ -44,12 +45,18 @@ from trainforge.distributed.data_parallel import (
     max_over_ranks,
 )
 from trainforge.distributed.env import distributed, resolve_strategy
-from trainforge.errors import JobFailed
+from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
+from trainforge.errors import JobFailed, UserError
 from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, reset_peak_memory
 from trainforge.models import build_model, is_convolutional
 from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
-from trainforge.training.checkpoint import load_checkpoint, load_model_weights, save_checkpoint, write_text_atomic
+from trainforge.training.checkpoint import (
+    load_model_weights,
+    save_checkpoint,
+    save_sharded_checkpoint,
+    write_text_atomic,
+)
 from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
 from trainforge.training.evaluate import check_metric, evaluate_model
@@ -57,10 +64,11 @@ from trainforge.training.losses import task_loss
 from trainforge.training.metrics import MetricsLog, NullLog, read_metrics
 from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
 from trainforge.training.optim import build_optimizer, set_lr
-from trainforge.training.precision import autocast, make_scaler, resolve_precision
+from trainforge.training.precision import DTYPES, autocast, make_scaler, resolve_precision
 from trainforge.training.progress import TrainProgress
 from trainforge.training.rng import get_rng_state, seed_everything, set_rng_state
 from trainforge.training.schedule import lr_at
+from trainforge.training.state import current_state, full_model_state, restore
 from trainforge.training.signals import stop_on_signals
 
 
@@ -92,6 +100,9 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         model, _ = build_model(cfg.model, info)
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, info.task, "train.early_stopping.metric")
+        if strategy == "fsdp" and (tc.ema_decay or tc.early_stopping):
+            raise UserError("distributed.strategy: fsdp does not keep EMA or best weights yet; "
+                            "set train.ema_decay=null and train.early_stopping=null, or use ddp")
 
         # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
         global_batch = tc.global_batch_size
@@ -119,7 +130,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
             write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
 
-        # ---- device placement, optimizer, scaler, EMA, early stopping
+        # ---- placement, then in this order: activation checkpointing -> compile -> FSDP; optimizer last
         channels_last = tc.channels_last is True or (
             tc.channels_last == "auto" and device.type == "cuda" and is_convolutional(model)
         )
@@ -127,6 +138,12 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         broadcast_state(model, env)
         if env.rank:  # each rank its own dropout stream; rank 0 keeps the single-process one
             seed_everything(cfg.seed + 7919 * env.rank)
+        if cfg.distributed.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        step_model: nn.Module = torch.compile(model) if tc.compile else model
+        if strategy == "fsdp":
+            mesh = init_device_mesh(device.type, (env.world_size,))
+            apply_fsdp(model, mesh, param_dtype=None if precision == "fp32" else DTYPES[precision])
         optimizer = build_optimizer(model, cfg.optim)
         scaler = make_scaler(device, precision)
         ema = EMA(model, tc.ema_decay) if tc.ema_decay else None
@@ -137,9 +154,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         # ---- resume: weights, optimizer, scaler, EMA, early stopping, counters, then RNG last
         start_step, skipped, bad_in_row = 0, 0, 0
         if resume_from is not None:
-            weights, state = load_checkpoint(resume_from)
-            load_model_weights(model, weights)
-            optimizer.load_state_dict(state["optimizer"])
+            state = restore(resume_from, model, optimizer, sharded_model=strategy == "fsdp")
             scaler.load_state_dict(state["scaler"])
             if ema is not None and state["ema"]:
                 ema.load_state_dict(state["ema"])
@@ -164,7 +179,6 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         )
         loader = make_train_loader(data.train, sampler, num_workers=workers, pin_memory=pin)
         val_loader = make_eval_loader(data.val, batch_size=max(micro, 64), num_workers=workers, pin_memory=pin)
-        step_model: nn.Module = torch.compile(model) if tc.compile else model
 
         def batches_from(epoch: int, position: int) -> Iterator:
             sampler.set_position(epoch, position * global_batch)
@@ -176,37 +190,34 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
 
         def checkpoint(done: int) -> None:
             rng_ranks = gather_objects(env, get_rng_state())
-            if not env.is_main:
-                barrier(env)  # nobody moves on (or exits) before the checkpoint is complete
-                return
-            save_checkpoint(
-                run_dir / "checkpoints",
-                done,
-                model.state_dict(),
-                {
+            model_sd, optim_sd = current_state(model, optimizer)
+            state = {
                     "step": done,
                     "epoch": done // per_epoch,
                     "start_sample": (done % per_epoch) * global_batch,
                     "sampler_seed": cfg.seed,
                     "micro_batch_size": micro,
                     "accumulation": accumulation,
-                    "optimizer": optimizer.state_dict(),
                     "scaler": scaler.state_dict(),
                     "ema": ema.state_dict() if ema else {},
                     "early_stop": stopper.state_dict() if stopper else {},
                     "best_model": best_state,
                     "skipped_steps": skipped,
                     "bad_steps_in_row": bad_in_row,
-                    "rng": rng_ranks[0],
+                    "rng": rng_ranks[0] if rng_ranks else {},  # gathered on rank 0 only
                     "rng_ranks": rng_ranks,
                     "world_size": env.world_size,
                     "config_yaml": cfg.to_yaml(),
                     "data_info_json": json.dumps(info_to_dict(info)),
                     "preprocess_json": json.dumps(data.preprocess),
-                },
-                keep=tc.keep_checkpoints,
-            )
-            barrier(env)
+            }
+            root = run_dir / "checkpoints"
+            if strategy == "fsdp":  # every rank writes its shards
+                save_sharded_checkpoint(root, done, {"model": model_sd, "optimizer": optim_sd}, state,
+                                        tc.keep_checkpoints, is_main=env.is_main, barrier=lambda: barrier(env))
+            elif env.is_main:  # replicas are identical: rank 0 writes whole tensors
+                save_checkpoint(root, done, model_sd, {**state, "optimizer": optim_sd}, keep=tc.keep_checkpoints)
+            barrier(env)  # nobody moves on (or exits) before the checkpoint is complete
 
         # one voice: rank 0 logs and shows progress
         metrics = (MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
@@ -293,8 +304,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                     window = Window()
 
                 # evaluate: val row, early stopping, best weights
-                # evaluate (rank 0; replicas are identical): val row, early stopping, best weights
-                if (done % eval_every == 0 or done == total_steps) and env.is_main:
+                # evaluate (rank 0 of replicas; every rank under FSDP): val row, early stopping, best weights
+                if (done % eval_every == 0 or done == total_steps) and (env.is_main or strategy == "fsdp"):
                     val = evaluate_now()
                     metrics.log({"split": "val", "step": done, "epoch": round(done / per_epoch, 4), **val})
                     if stopper is not None:
@@ -323,7 +334,16 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             metrics.close()
 
         result = TrainResult(run_dir, status, done, val=val, skipped_steps=skipped, micro_batch_size=micro)
-        if status == "interrupted" or not env.is_main:
+        if status == "interrupted":
+            barrier(env)
+            return result
+        if strategy == "fsdp":  # gather the whole weights once; rank 0 evaluates a plain copy
+            whole = full_model_state(model)
+            if env.is_main:
+                model, _ = build_model(cfg.model, info)
+                load_model_weights(model, whole)
+                model.to(device)
+        if not env.is_main:
             barrier(env)
             return result
 
@@ -361,7 +381,10 @@ def forward_backward(
     """
     total = torch.zeros((), device=device)
     wait_s = 0.0
-    for _ in range(accumulation):
+    sharded = hasattr(model, "set_requires_gradient_sync")  # FSDP: reduce-scatter only after the last
+    for i in range(accumulation):
+        if sharded:
+            model.set_requires_gradient_sync(i == accumulation - 1)
         t0 = time.perf_counter()
         x, y = next(batches)
         wait_s += time.perf_counter() - t0
@@ -384,10 +407,10 @@ def grad_norm_and_clip(model: nn.Module, max_norm: Optional[float], measure: boo
         return None
     params = [p for p in model.parameters() if p.grad is not None]
     if max_norm is not None:
-        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    if measure:
-        return float(torch.nn.utils.get_total_norm([p.grad for p in params]))
-    return None
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
 
 
 class Window:
