@@ -68,7 +68,7 @@ def train(
     if nproc_per_node is not None or nnodes != "1" or rdzv_endpoint:
         from trainforge.distributed.launch import launch
 
-        rd = launch(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=nproc_per_node or 1,
+        rd = launch(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
                     nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
         done = (rd / "eval.json").exists()
         doc = {"run_dir": str(rd), "status": "completed" if done else "interrupted",
@@ -142,6 +142,62 @@ def eval_cmd(
         for name, row in zip(result["class_names"], result["confusion_matrix"]):
             cm.add_row(name, *[str(v) for v in row])
         out.print(cm)
+
+
+@app.command()
+def launch(
+    target: str = typer.Argument(..., help="slurm | k8s | skypilot"),
+    recipe: Optional[str] = typer.Argument(None, help="Recipe YAML path or built-in name; default: digits_cnn."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, embedded in the job file."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes (default 1)."),
+    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", help="Elastic: fewest nodes to run on."),
+    max_nodes: Optional[int] = typer.Option(None, "--max-nodes", help="Elastic: most nodes to run on."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs (processes) per node (default 8)."),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", help="Worker-group restarts (default 3)."),
+    run_dir: Optional[str] = typer.Option(None, "--run-dir", help="Run directory on the shared filesystem."),
+    name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the recipe's name)."),
+    image: Optional[str] = typer.Option(None, "--image", help="k8s: container image with trainforge installed."),
+    pvc: Optional[str] = typer.Option(None, "--pvc", help="k8s: PersistentVolumeClaim for the run directories."),
+    setup: Optional[str] = typer.Option(None, "--setup", help="skypilot: setup commands."),
+    accelerator: Optional[str] = typer.Option(None, "--accelerator", help="skypilot: accelerator name (default H100)."),
+    spot: bool = typer.Option(False, "--spot", help="skypilot: spot instances (needs --bucket)."),
+    bucket: Optional[str] = typer.Option(None, "--bucket", help="skypilot: bucket for checkpoints that survive recovery."),
+    partition: Optional[str] = typer.Option(None, "--partition", help="slurm: partition."),
+    time_limit: Optional[str] = typer.Option(None, "--time-limit", help="slurm: --time, e.g. 24:00:00."),
+    cpus_per_gpu: Optional[int] = typer.Option(None, "--cpus-per-gpu", help="CPUs per GPU (default 8)."),
+    mem_per_node_gib: Optional[int] = typer.Option(None, "--mem-per-node-gib", help="Memory per node in GiB."),
+    port: Optional[int] = typer.Option(None, "--port", help="Rendezvous port (default 29500)."),
+    env: Optional[List[str]] = typer.Option(None, "--env", help="KEY=VALUE for the job's environment (repeatable)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Write the job file here instead of stdout."),
+) -> None:
+    """Write a job file for an existing cluster engine: an sbatch script, a Kubeflow PyTorchJob, a SkyPilot task."""
+    from trainforge.distributed.manifests import launch_text
+
+    recipe, overrides = _split_recipe(recipe, overrides)
+    env_vars = {}
+    for item in env or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--env: expected KEY=VALUE, got {item!r}")
+        env_vars[key] = value
+    text = launch_text(
+        target, recipe, overrides, nodes=nodes, min_nodes=min_nodes, max_nodes=max_nodes, gpus_per_node=gpus_per_node,
+        max_restarts=max_restarts, run_dir=run_dir, name=name, image=image, pvc=pvc, setup=setup,
+        accelerator=accelerator, spot=spot or None, bucket=bucket, partition=partition, time_limit=time_limit,
+        cpus_per_gpu=cpus_per_gpu, mem_per_node_gib=mem_per_node_gib, port=port, env=env_vars or None,
+    )
+    if out_file is None:
+        sys.stdout.write(text)
+        return
+    from trainforge.training.checkpoint import write_text_atomic
+
+    if out_file.exists():
+        raise UserError(f"--out: {out_file} exists; choose another file or remove it first")
+    try:
+        write_text_atomic(out_file, text)
+    except OSError as e:
+        raise UserError(f"--out: cannot write {out_file} ({e.strerror})") from None
+    err.print(f"wrote {out_file}")
 
 
 @app.command()

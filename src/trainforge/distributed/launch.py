@@ -15,6 +15,20 @@ from typing import Optional
 from trainforge.errors import JobFailed, UserError
 
 
+def check_options(nproc_per_node: int, nnodes: str, rdzv_endpoint: Optional[str], max_restarts: int) -> None:
+    """One-line errors naming the flag, before anything is started."""
+    if nproc_per_node < 1:
+        raise UserError(f"--nproc-per-node: expected a positive number of processes, got {nproc_per_node}")
+    if max_restarts < 0:
+        raise UserError(f"--max-restarts: expected 0 or more, got {max_restarts}")
+    lo, _, hi = nnodes.partition(":")
+    if not lo.isdigit() or (hi and not hi.isdigit()) or int(lo) < 1 or (hi and int(hi) < int(lo)):
+        raise UserError(f"--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got {nnodes!r}")
+    multi_node = nnodes not in ("1", "1:1")
+    if multi_node and not rdzv_endpoint:
+        raise UserError("--rdzv-endpoint: required with more than one node (HOST:PORT of the rendezvous, e.g. node0:29500)")
+
+
 def torchrun_args(
     worker_args: list[str],
     *,
@@ -24,16 +38,7 @@ def torchrun_args(
     max_restarts: int,
     run_id: str,
 ) -> list[str]:
-    if nproc_per_node < 1:
-        raise UserError(f"--nproc-per-node: expected a positive number of processes, got {nproc_per_node}")
-    if max_restarts < 0:
-        raise UserError(f"--max-restarts: expected 0 or more, got {max_restarts}")
-    lo, _, hi = nnodes.partition(":")
-    if not lo.isdigit() or (hi and not hi.isdigit()) or int(lo) < 1 or (hi and int(hi) < int(lo)):
-        raise UserError(f"--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got {nnodes!r}")
-    multi_node = nnodes != "1" and nnodes != "1:1"
-    if multi_node and not rdzv_endpoint:
-        raise UserError("--rdzv-endpoint: required with more than one node (HOST:PORT of the rendezvous, e.g. node0:29500)")
+    check_options(nproc_per_node, nnodes, rdzv_endpoint, max_restarts)
     args = [f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}", f"--max-restarts={max_restarts}"]
     if rdzv_endpoint:
         args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
@@ -60,6 +65,7 @@ def launch(
 
     from trainforge.training.api import prepare_run
 
+    check_options(nproc_per_node, nnodes, rdzv_endpoint, max_restarts)
     cfg, rd, _ = prepare_run(recipe, overrides, run_dir=run_dir, resume=resume)
     worker = [*([recipe] if recipe else []), *overrides, "--run-dir", str(rd), "--resume", "auto"]
     run_id = hashlib.sha256(str(rd.resolve()).encode()).hexdigest()[:16]

@@ -1,0 +1,402 @@
+"""Job files for existing cluster engines: a Slurm sbatch script, a Kubeflow PyTorchJob, a SkyPilot task.
+
+    text = launch_text("slurm", "recipes/gpt2_small_synthetic.yaml", ["train.max_steps=5000"], nodes=4)
+    text = render("k8s", JobSpec(name="gpt2", config_yaml=cfg.to_yaml(), nodes=2))
+
+Every job file embeds the resolved recipe, so it runs without the recipe file, and starts
+`trainforge train ... --run-dir DIR --resume auto` on every node through torchrun's elastic c10d
+rendezvous. DIR lies on storage that outlives a node (Slurm: the shared filesystem the job is
+submitted from; Kubernetes: a PersistentVolumeClaim; SkyPilot: a cloud bucket), so a job that the
+engine restarts after a failure or a preemption continues from its newest checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, NoReturn, Optional
+
+import yaml
+
+from trainforge.config import load_config
+from trainforge.errors import UserError
+from trainforge.registry import Registry
+
+LAUNCHERS: Registry[Callable[["JobSpec"], str]] = Registry("launcher", "launch target")
+
+# Only a line equal to this ends the embedded recipe; the quotes around it in `<<'...'` stop the
+# shell from expanding $VAR, `cmd` and backslashes inside the recipe.
+CONFIG_EOF = "TRAINFORGE_CONFIG_EOF"
+K8S_CONFIG_DIR = "/etc/trainforge"
+K8S_RUNS_MOUNT = "/runs"
+SKYPILOT_RUNS_MOUNT = "/runs"
+TERM_GRACE_S = 120  # SIGTERM this long before the kill: time for every rank to write a checkpoint
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SLURM_WORD = re.compile(r"[A-Za-z0-9._,:-]+\Z")  # safe inside an #SBATCH line, which sbatch parses itself
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a cluster job needs besides the recipe. Invalid values raise UserError naming the option."""
+
+    name: str  # job name; launch_text uses the recipe's `name`
+    config_yaml: str  # the resolved recipe, embedded verbatim in the job file
+    nodes: int = 1
+    min_nodes: Optional[int] = None  # elastic range (torchrun --nnodes MIN:MAX); default: nodes
+    max_nodes: Optional[int] = None
+    gpus_per_node: int = 8
+    max_restarts: int = 3  # torchrun restarts of the worker group before the job fails
+    run_dir: Optional[str] = None  # None: runs/NAME on the target's shared storage (see run_dir_for)
+    image: str = "trainforge:latest"  # k8s: a container image with trainforge installed
+    pvc: str = "trainforge-runs"  # k8s: ReadWriteMany PersistentVolumeClaim mounted at /runs
+    setup: str = "pip install trainforge"  # skypilot: commands that install trainforge on each node
+    accelerator: str = "H100"  # skypilot accelerator name (`sky show-gpus`)
+    spot: bool = False  # skypilot: spot instances; run it with `sky jobs launch` to recover
+    bucket: Optional[str] = None  # skypilot: bucket URL (s3://, gs://, ...) mounted at /runs
+    partition: Optional[str] = None  # slurm
+    time_limit: Optional[str] = None  # slurm --time, e.g. "24:00:00"
+    cpus_per_gpu: int = 8
+    mem_per_node_gib: Optional[int] = None
+    port: int = 29500  # c10d rendezvous port on the head node
+    env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. {"NCCL_DEBUG": "INFO"}
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            _bad("name", "must not be empty")
+        if "\0" in self.config_yaml:
+            raise UserError("recipe: contains a NUL byte, which no job file can carry; remove it")
+        for option in ("nodes", "gpus_per_node", "cpus_per_gpu"):
+            if getattr(self, option) < 1:
+                _bad(option, f"must be at least 1, got {getattr(self, option)}")
+        if self.max_restarts < 0:
+            _bad("max_restarts", f"must be >= 0, got {self.max_restarts}")
+        if not 1 <= self.port <= 65535:
+            _bad("port", f"must be a TCP port (1-65535), got {self.port}")
+        if self.mem_per_node_gib is not None and self.mem_per_node_gib < 1:
+            _bad("mem_per_node_gib", f"must be at least 1, got {self.mem_per_node_gib}")
+        if self.min_nodes is not None and self.min_nodes < 1:
+            _bad("min_nodes", f"must be at least 1, got {self.min_nodes}")
+        low, high = self.node_range
+        if low > high:
+            _bad("min_nodes", f"({low}) must be <= --max-nodes ({high})")
+        if not low <= self.nodes <= high:
+            _bad("nodes", f"({self.nodes}) must lie between --min-nodes ({low}) and --max-nodes ({high})")
+        for key in self.env:
+            if not _ENV_NAME.match(key):
+                _bad("env", f"{key!r} is not a valid variable name; use letters, digits and _")
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        low = self.nodes if self.min_nodes is None else self.min_nodes
+        high = self.nodes if self.max_nodes is None else self.max_nodes
+        return low, high
+
+    @property
+    def elastic(self) -> bool:
+        low, high = self.node_range
+        return low != high
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's --nnodes: N, or MIN:MAX for an elastic job."""
+        low, high = self.node_range
+        return f"{low}:{high}" if low != high else str(low)
+
+    @property
+    def slug(self) -> str:
+        """The name with anything but letters, digits, '.', '_' and '-' replaced: safe in paths and #SBATCH."""
+        return re.sub(r"[^A-Za-z0-9._-]+", "-", self.name.strip()).strip("-.") or "job"
+
+
+def _bad(option: str, problem: str) -> NoReturn:
+    raise UserError(f"--{option.replace('_', '-')}: {problem}")
+
+
+def run_dir_for(spec: JobSpec, shared_root: str = "runs") -> str:
+    """The run directory on the target: spec.run_dir ('{name}' filled in) or SHARED_ROOT/NAME."""
+    template = spec.run_dir if spec.run_dir is not None else f"{shared_root}/{{name}}"
+    try:
+        return template.format(name=spec.slug)
+    except (KeyError, IndexError, ValueError):
+        raise UserError(f"--run-dir: {template!r} may contain only the placeholder {{name}}") from None
+
+
+def render(target: str, spec: JobSpec) -> str:
+    """The job file for `target` (one of LAUNCHERS.names()) as text, ready to write and submit."""
+    return LAUNCHERS.get(target)(spec)
+
+
+def launch_text(target: str, recipe: Optional[str], overrides: list[str], **options: Any) -> str:
+    """`trainforge launch TARGET RECIPE [KEY=VALUE ...] [--nodes N] ...`: load, resolve and render.
+
+    `options` are JobSpec fields (nodes=4, gpus_per_node=8, ...); `name` defaults to the recipe's.
+    """
+    LAUNCHERS.get(target)  # an unknown target fails before the recipe is read
+    fields = {f.name for f in dataclasses.fields(JobSpec)} - {"config_yaml"}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        _bad(unknown[0], f"unknown option; valid: {', '.join('--' + f.replace('_', '-') for f in sorted(fields))}")
+    cfg = load_config(recipe, overrides)
+    options = {k: v for k, v in options.items() if v is not None}  # None: the option was not given
+    options.setdefault("name", cfg.name)
+    return render(target, JobSpec(config_yaml=cfg.to_yaml(), **options))
+
+
+def _config_text(spec: JobSpec) -> str:
+    """The recipe as it will land on disk, ending in a newline (a heredoc always writes one)."""
+    text = spec.config_yaml if spec.config_yaml.endswith("\n") else spec.config_yaml + "\n"
+    if CONFIG_EOF in text.split("\n"):
+        raise UserError(f"recipe: a line equal to {CONFIG_EOF} would end the embedded recipe early; change it")
+    return text
+
+
+def _write_config_lines(path_expr: str, spec: JobSpec) -> list[str]:
+    """Shell lines that write the embedded recipe byte for byte to PATH_EXPR (already quoted)."""
+    # split on \n only: str.splitlines would also split on \r, \x0c, \u2028 ... and lose them
+    return [f"cat > {path_expr} <<'{CONFIG_EOF}'", *_config_text(spec)[:-1].split("\n"), CONFIG_EOF]
+
+
+def _train_args(config_path: str, run_dir: str, nproc: str, nnodes: str, endpoint: str, spec: JobSpec) -> list[str]:
+    return [
+        "trainforge", "train", config_path,
+        "--run-dir", run_dir,
+        "--resume", "auto",
+        "--nproc-per-node", nproc,
+        "--nnodes", nnodes,
+        "--rdzv-endpoint", endpoint,
+        "--max-restarts", str(spec.max_restarts),
+    ]  # fmt: skip
+
+
+def _shell_command(words: list[str], head_words: int = 3) -> str:
+    """Pre-quoted words joined with line continuations: the head, then a flag and its value a line."""
+    head, rest = words[:head_words], words[head_words:]
+    lines = [" ".join(head)] + ["  " + " ".join(rest[i : i + 2]) for i in range(0, len(rest), 2)]
+    return " \\\n".join(lines)
+
+
+# ------------------------------------------------------------------ slurm
+
+
+@LAUNCHERS.register("slurm")
+def render_slurm(spec: JobSpec) -> str:
+    """An sbatch script: one srun task per node runs `trainforge train` (torchrun) with the GPUs of its node.
+
+    Preemption and time limits: `--requeue` lets Slurm requeue a preempted job, and
+    `--signal=B:TERM@120` sends SIGTERM to the batch shell two minutes before the kill; the shell
+    passes it to srun (which signals every task: each rank writes a checkpoint) and requeues the job,
+    whose next start resumes from that checkpoint.
+    """
+    for option in ("partition", "time_limit"):
+        value = getattr(spec, option)
+        if value is not None and not _SLURM_WORD.match(value):
+            _bad(option, f"{value!r} has characters sbatch would misread; use letters, digits and . _ , : -")
+    low, high = spec.node_range
+    cpus_per_task = spec.gpus_per_node * spec.cpus_per_gpu
+    directives = [
+        f"--job-name={spec.slug}",
+        f"--nodes={low}-{high}" if spec.elastic else f"--nodes={spec.nodes}",
+        "--ntasks-per-node=1",  # one torchrun agent per node; it starts one process per GPU
+        f"--gpus-per-node={spec.gpus_per_node}",
+        f"--cpus-per-task={cpus_per_task}",
+        *([f"--partition={spec.partition}"] if spec.partition else []),
+        *([f"--time={spec.time_limit}"] if spec.time_limit else []),
+        *([f"--mem={spec.mem_per_node_gib}G"] if spec.mem_per_node_gib else []),
+        "--requeue",
+        f"--signal=B:TERM@{TERM_GRACE_S}",
+        "--open-mode=append",  # a requeued job appends to its log instead of truncating it
+    ]
+    train = _train_args('"$config_file"', '"$run_dir"', str(spec.gpus_per_node), shlex.quote(spec.nnodes),
+                        f'"$head_node:{spec.port}"', spec)  # fmt: skip
+    # newer Slurm does not pass sbatch's --cpus-per-task on to srun
+    srun = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}", *train]
+    lines = [
+        "#!/bin/bash",
+        f"# trainforge job {spec.slug!r}: submit with `sbatch FILE` from a directory on the shared filesystem.",
+        *(f"#SBATCH {d}" for d in directives),
+        "set -euo pipefail",
+        "",
+        f"run_dir={shlex.quote(run_dir_for(spec))}",
+        'config_file="$run_dir/job-config.yaml"',
+        'mkdir -p "$run_dir"',
+        *_write_config_lines('"$config_file"', spec),
+        *(f"export {key}={shlex.quote(value)}" for key, value in spec.env.items()),
+        "",
+        '# the first node of the allocation hosts the rendezvous (sed, not head: no SIGPIPE under pipefail)',
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+        "",
+        "# SIGTERM before the time limit (or a preemption): let every rank checkpoint, then requeue;",
+        "# the next start continues from the checkpoint (--resume auto).",
+        "on_term() {",
+        '  echo "trainforge: SIGTERM; checkpointing, then requeueing job $SLURM_JOB_ID" >&2',
+        '  kill -TERM "$srun_pid" 2>/dev/null || true',
+        '  wait "$srun_pid" || true',
+        '  scontrol requeue "$SLURM_JOB_ID" || true',
+        "  exit 0",
+        "}",
+        "trap on_term TERM",
+        "",
+        "# in the background, so that the trap runs as soon as the signal arrives",
+        _shell_command(srun, head_words=6) + " &",
+        "srun_pid=$!",
+        'wait "$srun_pid"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ YAML targets
+
+
+class _Dumper(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:  # write Master and Worker pods out in full, no &id001
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    # literal blocks keep embedded scripts and recipes readable; PyYAML falls back to a quoted
+    # scalar by itself when a block cannot hold the text exactly
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def _dump_yaml(*documents: dict[str, Any]) -> str:
+    return yaml.dump_all(documents, Dumper=_Dumper, sort_keys=False, width=10_000, default_flow_style=False)
+
+
+def k8s_name(name: str) -> str:
+    """A DNS-1035 label for the job (lowercase, digits, '-'), short enough for `<name>-worker-<i>`."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+    if not slug[:1].isalpha():
+        slug = "tf-" + slug
+    return slug[:45].rstrip("-")
+
+
+# ------------------------------------------------------------------ kubernetes
+
+
+@LAUNCHERS.register("k8s")
+def render_k8s(spec: JobSpec) -> str:
+    """A ConfigMap holding the recipe, then a Kubeflow PyTorchJob (training operator, kubeflow.org/v1).
+
+    Master is node 0 and hosts the c10d rendezvous at $(MASTER_ADDR):$(MASTER_PORT), which the
+    operator sets; Workers are the other nodes. `restartPolicy: OnFailure` restarts a failed pod,
+    and the run directory on the PVC lets the restarted job resume.
+    """
+    name = k8s_name(spec.name)
+    config_map = f"{name}-config"
+    run_dir = run_dir_for(spec, K8S_RUNS_MOUNT)
+    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.gpus_per_node), spec.nnodes,
+                          "$(MASTER_ADDR):$(MASTER_PORT)", spec)  # fmt: skip
+    resources: dict[str, Any] = {
+        "limits": {"nvidia.com/gpu": spec.gpus_per_node},
+        "requests": {"cpu": spec.gpus_per_node * spec.cpus_per_gpu},
+    }
+    if spec.mem_per_node_gib:
+        resources["limits"]["memory"] = resources["requests"]["memory"] = f"{spec.mem_per_node_gib}Gi"
+    container = {
+        "name": "pytorch",  # the training operator looks the container up by this name
+        "image": spec.image,
+        "command": command,
+        "env": [{"name": key, "value": value} for key, value in spec.env.items()],
+        # the operator reads MASTER_PORT (and the elastic rendezvous port) from this named port
+        "ports": [{"name": "pytorchjob-port", "containerPort": spec.port}],
+        "resources": resources,
+        "volumeMounts": [
+            {"name": "config", "mountPath": K8S_CONFIG_DIR, "readOnly": True},
+            {"name": "runs", "mountPath": K8S_RUNS_MOUNT},
+            {"name": "dshm", "mountPath": "/dev/shm"},  # DataLoader workers pass batches through shared memory
+        ],
+    }
+    if not container["env"]:
+        del container["env"]
+    pod = {
+        "terminationGracePeriodSeconds": TERM_GRACE_S,  # time to checkpoint between SIGTERM and SIGKILL
+        "containers": [container],
+        "volumes": [
+            {"name": "config", "configMap": {"name": config_map}},
+            {"name": "runs", "persistentVolumeClaim": {"claimName": spec.pvc}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+
+    def replicas(count: int) -> dict[str, Any]:
+        return {"replicas": count, "restartPolicy": "OnFailure", "template": {"spec": pod}}
+
+    low, high = spec.node_range
+    replica_specs = {"Master": replicas(1)}
+    if high > 1:  # an elastic job keeps its Worker set (possibly empty) so it can be scaled up
+        replica_specs["Worker"] = replicas(spec.nodes - 1)
+    job_spec: dict[str, Any] = {}
+    if spec.elastic:
+        job_spec["elasticPolicy"] = {
+            "rdzvBackend": "c10d",
+            "rdzvHost": f"{name}-master-0",
+            "rdzvPort": spec.port,
+            "minReplicas": low,
+            "maxReplicas": high,
+            "maxRestarts": spec.max_restarts,
+        }
+    job_spec["pytorchReplicaSpecs"] = replica_specs
+    return _dump_yaml(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": config_map},
+            "data": {"config.yaml": _config_text(spec)},
+        },
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": name},
+            "spec": job_spec,
+        },
+    )
+
+
+# ------------------------------------------------------------------ skypilot
+
+
+@LAUNCHERS.register("skypilot")
+def render_skypilot(spec: JobSpec) -> str:
+    """A SkyPilot task: `sky launch FILE` (or `sky jobs launch FILE` to recover from preemptions).
+
+    Every node writes the embedded recipe and runs torchrun with the head node (first line of
+    $SKYPILOT_NODE_IPS) as the rendezvous endpoint. With `bucket`, the run directory lives in the
+    bucket mounted at /runs, so a managed job that SkyPilot restarts on new nodes resumes.
+    """
+    if spec.elastic:
+        _bad("min_nodes", "SkyPilot starts a fixed num_nodes; drop --min-nodes/--max-nodes and use --nodes")
+    if spec.spot and spec.bucket is None:
+        _bad("bucket", "a spot job needs a bucket for its checkpoints (a recovered job gets new disks); "
+                       "pass e.g. --bucket s3://my-bucket/runs")  # fmt: skip
+    config_path = "$HOME/.trainforge/" + spec.slug + ".yaml"
+    run_dir = run_dir_for(spec, SKYPILOT_RUNS_MOUNT if spec.bucket else "runs")
+    train = _train_args(f'"{config_path}"', shlex.quote(run_dir), '"$SKYPILOT_NUM_GPUS_PER_NODE"',
+                        '"$SKYPILOT_NUM_NODES"', f'"$head_node:{spec.port}"', spec)  # fmt: skip
+    run = [
+        "set -euo pipefail",
+        'mkdir -p "$HOME/.trainforge"',
+        *_write_config_lines(f'"{config_path}"', spec),
+        'head_node=$(echo "$SKYPILOT_NODE_IPS" | sed -n 1p)',  # sed, not head: no SIGPIPE under pipefail
+        _shell_command(train),
+    ]
+    resources: dict[str, Any] = {
+        "accelerators": f"{spec.accelerator}:{spec.gpus_per_node}",
+        "cpus": f"{spec.gpus_per_node * spec.cpus_per_gpu}+",
+    }
+    if spec.mem_per_node_gib:
+        resources["memory"] = f"{spec.mem_per_node_gib}+"
+    if spec.spot:
+        resources["use_spot"] = True
+    task: dict[str, Any] = {"name": spec.slug, "num_nodes": spec.nodes, "resources": resources}
+    if spec.env:
+        task["envs"] = dict(spec.env)
+    if spec.bucket:
+        task["file_mounts"] = {SKYPILOT_RUNS_MOUNT: {"source": spec.bucket, "mode": "MOUNT"}}
+    task["setup"] = spec.setup if spec.setup.endswith("\n") else spec.setup + "\n"
+    task["run"] = "\n".join(run) + "\n"
+    return _dump_yaml(task)
