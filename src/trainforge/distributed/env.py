@@ -82,4 +82,6 @@ def resolve_strategy(strategy: str, env: DistEnv) -> str:
         return "ddp" if env.is_distributed else "none"
     if strategy == "none" and env.is_distributed:
         raise UserError(f"distributed.strategy: none cannot run on {env.world_size} processes; use ddp or auto")
+    if strategy in ("ddp", "fsdp") and not env.is_distributed:
+        return "none"  # one process: nothing to replicate or shard
     return strategy

@@ -24,7 +24,8 @@ from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
 from trainforge.config import Config
 from trainforge.data import build_data
@@ -142,7 +143,9 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             apply_activation_checkpointing(model)
         step_model: nn.Module = torch.compile(model) if tc.compile else model
         if strategy == "fsdp":
-            mesh = init_device_mesh(device.type, (env.world_size,))
+            # the mesh reuses the default process group: a new group would leave rendezvous keys behind
+            # that a torchrun restart of the group then trips over
+            mesh = DeviceMesh.from_group(dist.group.WORLD, device.type)
             apply_fsdp(model, mesh, param_dtype=None if precision == "fp32" else DTYPES[precision])
         optimizer = build_optimizer(model, cfg.optim)
         scaler = make_scaler(device, precision)
@@ -167,6 +170,10 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             rank_states = state.get("rng_ranks") or [state["rng"]]
             if env.rank < len(rank_states):  # same world size: every rank continues its own stream exactly
                 set_rng_state(rank_states[env.rank])
+        restarted_micro = read_oom_restart(run_dir)  # an FSDP group restarted after running out of memory
+        if restarted_micro is not None and restarted_micro < micro:
+            micro = restarted_micro
+            accumulation = accumulation_steps(global_batch, micro, env.world_size)
         if env.is_main:
             truncate_metrics(run_dir / "metrics.jsonl", after_step=start_step)
 
@@ -255,6 +262,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                         if not is_oom(exc):
                             raise
                         del exc
+                        if strategy == "fsdp":  # other ranks may be inside an all-gather: restart the group smaller
+                            request_oom_restart(run_dir, halve_micro_batch(micro, accumulation)[0], step + 1)
                         oom, local_loss, wait_s = True, 0.0, 0.0
                     agreed = agree(env, device, local_loss, oom, bool(stop), wait_s)
                     if not agreed.oom:
@@ -438,6 +447,27 @@ class Window:
             "data_wait_frac": min(self.wait_s / elapsed, 1.0),
             "peak_mem_bytes": peak_bytes(device),
         }
+
+
+OOM_RESTART_FILE = "oom_restart.json"
+
+
+def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int) -> None:
+    """Under FSDP an out-of-memory error can strike while other ranks wait in a collective, so the ranks
+    cannot agree in place: record the smaller micro-batch and fail; torchrun restarts the whole group
+    (`--max-restarts`), which resumes from the last checkpoint with that micro-batch."""
+    write_text_atomic(run_dir / OOM_RESTART_FILE, json.dumps({"micro_batch_size": micro_batch_size, "step": step}))
+    raise JobFailed(
+        f"out of memory at step {step} under FSDP: the worker group must restart with micro-batch "
+        f"{micro_batch_size} (torchrun does so with --max-restarts >= 1)"
+    )
+
+
+def read_oom_restart(run_dir: Path) -> Optional[int]:
+    try:
+        return int(json.loads((run_dir / OOM_RESTART_FILE).read_text())["micro_batch_size"])
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def peak_bytes(device: torch.device) -> int:
