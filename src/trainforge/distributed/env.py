@@ -68,12 +68,24 @@ def distributed(device_spec: str) -> Iterator[tuple[DistEnv, torch.device]]:
     if owns_group:
         os.environ.setdefault("RANK", str(rank))
         os.environ.setdefault("WORLD_SIZE", str(world_size))
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=TIMEOUT)
+        dist.init_process_group(backend, store=_attempt_store(rank, world_size), rank=rank, world_size=world_size,
+                                timeout=TIMEOUT)
     try:
         yield DistEnv(rank, local_rank, world_size, backend), device
     finally:
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _attempt_store(rank: int, world_size: int) -> dist.Store:
+    """The env:// store, under a prefix of its own for each torchrun restart of the group.
+
+    A restarted group may meet the same store as the failed one (torchrun shares its rendezvous
+    store); without a fresh prefix a new rank can read a dead rank's address and the group hangs
+    while connecting."""
+    store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=TIMEOUT))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"trainforge/attempt_{attempt}", store)
 
 
 def resolve_strategy(strategy: str, env: DistEnv) -> str:
