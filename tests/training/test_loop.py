@@ -190,3 +190,12 @@ def test_cuda_auto_precision_and_peak_memory(tmp_path: Path):
     result = trainforge.train(tiny("train.max_steps=4", "train.device=cuda", "model.name=cnn"), run_dir=tmp_path / "run")
     rows = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["split"] == "train"]
     assert result.status == "completed" and rows[-1]["peak_mem_bytes"] > 0
+
+
+def test_activation_checkpointing_trains_the_same(tmp_path: Path):
+    gpt = ["data.source=synthetic_text", "data.args={task: lm, num_samples: 200, seq_len: 16, vocab_size: 32}",
+           "data.normalize=none", "model.name=gpt", "model.args={n_layer: 2, n_head: 2, n_embd: 16, dropout: 0.0}",
+           "train.max_steps=3"]
+    plain = trainforge.train(tiny(*gpt), run_dir=tmp_path / "plain")
+    ckpt = trainforge.train(tiny(*gpt, "distributed.activation_checkpointing=true"), run_dir=tmp_path / "ckpt")
+    assert_same_weights(final_weights(plain.run_dir), final_weights(ckpt.run_dir), exact=False)

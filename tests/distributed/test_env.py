@@ -1,0 +1,44 @@
+"""Ranks from the environment (torchrun or srun), and the strategy a run resolves to."""
+from __future__ import annotations
+
+import pytest
+
+from trainforge.distributed.env import DistEnv, detect, resolve_strategy
+from trainforge.errors import UserError
+
+VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "MASTER_ADDR")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for v in VARS:
+        monkeypatch.delenv(v, raising=False)
+    return monkeypatch
+
+
+def test_single_process_by_default(clean_env):
+    assert detect() == (0, 0, 1)
+
+
+def test_torchrun_variables(clean_env):
+    clean_env.setenv("RANK", "5")
+    clean_env.setenv("LOCAL_RANK", "1")
+    clean_env.setenv("WORLD_SIZE", "8")
+    assert detect() == (5, 1, 8)
+
+
+def test_srun_variables_need_a_master_address(clean_env):
+    clean_env.setenv("SLURM_PROCID", "3")
+    clean_env.setenv("SLURM_LOCALID", "3")
+    clean_env.setenv("SLURM_NTASKS", "4")
+    assert detect() == (0, 0, 1)  # a plain `srun` of one task per node without a rendezvous: single process
+    clean_env.setenv("MASTER_ADDR", "node0")
+    assert detect() == (3, 3, 4)
+
+
+def test_strategy_resolution():
+    one, many = DistEnv(), DistEnv(rank=0, local_rank=0, world_size=4, backend="gloo")
+    assert resolve_strategy("auto", one) == "none" and resolve_strategy("auto", many) == "ddp"
+    assert resolve_strategy("fsdp", many) == "fsdp" and resolve_strategy("fsdp", one) == "none"
+    with pytest.raises(UserError, match="distributed.strategy: none cannot run on 4 processes"):
+        resolve_strategy("none", many)
