@@ -63,7 +63,7 @@ from trainforge.training.ema import EMA
 from trainforge.training.evaluate import check_metric, evaluate_model
 from trainforge.training.losses import task_loss
 from trainforge.training.metrics import MetricsLog, NullLog, read_metrics
-from trainforge.training.microbatch import accumulation_steps, halve_micro_batch
+from trainforge.training.microbatch import accumulation_steps, fitting_micro_batch, halve_micro_batch
 from trainforge.training.optim import build_optimizer, set_lr
 from trainforge.training.precision import DTYPES, autocast, make_scaler, resolve_precision
 from trainforge.training.progress import TrainProgress
@@ -105,7 +105,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             raise UserError("distributed.strategy: fsdp does not keep EMA or best weights yet; "
                             "set train.ema_decay=null and train.early_stopping=null, or use ddp")
 
-        # ---- batch geometry: global = micro x accumulation (x world size, 1 here)
+        # ---- batch geometry: global = micro x accumulation x world size
         global_batch = tc.global_batch_size
         per_epoch = steps_per_epoch(len(data.train), global_batch)
         total_steps = tc.max_steps or tc.epochs * per_epoch
@@ -117,7 +117,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         else:  # the planner picks the largest that fits; OOM recovery below stays the safety net
             from trainforge.planning.auto import auto_micro_batch
 
-            choice = auto_micro_batch(cfg, info, device, precision, steps=total_steps)
+            choice = auto_micro_batch(cfg, info, device, precision, steps=total_steps, world_size=env.world_size)
             micro = choice.micro_batch_size
             auto_note = (f"train.micro_batch_size auto: {micro} (predicted peak {choice.predicted_peak_bytes / 2**20:.0f} "
                          f"MiB of a {choice.budget_bytes / 2**20:.0f} MiB budget)")
@@ -165,7 +165,11 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                 stopper.load_state_dict(state["early_stop"])
             best_state = state["best_model"]
             start_step, skipped, bad_in_row = state["step"], state["skipped_steps"], state["bad_steps_in_row"]
-            micro = state["micro_batch_size"]
+            # the checkpoint's micro-batch may have been shrunk by OOM recovery; never grow past the config's,
+            # and fit it to this run's world size
+            saved = state["micro_batch_size"]
+            wanted = saved if tc.micro_batch_size == "auto" else min(micro, saved)
+            micro = fitting_micro_batch(wanted, global_batch, env.world_size)
             accumulation = accumulation_steps(global_batch, micro, env.world_size)
             rank_states = state.get("rng_ranks") or [state["rng"]]
             if env.rank < len(rank_states):  # same world size: every rank continues its own stream exactly

@@ -25,3 +25,9 @@ def halve_micro_batch(micro_batch_size: int, accumulation: int) -> tuple[int, in
             "use a smaller model, train.precision=bf16, or a larger device"
         )
     return micro_batch_size // 2, accumulation * 2
+
+
+def fitting_micro_batch(micro_batch_size: int, global_batch_size: int, world_size: int) -> int:
+    """The largest micro-batch <= `micro_batch_size` that divides this world size's share of the global batch."""
+    per_rank = global_batch_size // world_size
+    return max(m for m in range(1, min(micro_batch_size, per_rank) + 1) if global_batch_size % (m * world_size) == 0)
