@@ -100,9 +100,15 @@ def save_checkpoint(
     tmp.mkdir()
     save_file(contiguous_state(model_state), str(tmp / MODEL_FILE))
     torch.save(state, tmp / STATE_FILE)
-    files = {name: sha256_file(tmp / name) for name in (MODEL_FILE, STATE_FILE)}
-    (tmp / MANIFEST_FILE).write_text(json.dumps({"step": step, "sha256": files}, indent=1))
-    for name in (MODEL_FILE, STATE_FILE, MANIFEST_FILE):
+    return publish(tmp, final, step, keep)
+
+
+def publish(tmp: Path, final: Path, step: int, keep: int) -> Path:
+    """Hash and fsync every file of `tmp`, rename it to `final`, then rewrite `latest` and prune."""
+    root = final.parent
+    files = sorted(p.name for p in tmp.iterdir() if p.is_file())
+    (tmp / MANIFEST_FILE).write_text(json.dumps({"step": step, "sha256": {n: sha256_file(tmp / n) for n in files}}, indent=1))
+    for name in (*files, MANIFEST_FILE):
         _fsync_file(tmp / name)
     _fsync_dir(tmp)
     if final.exists():  # the same step saved again (e.g. a signal right after a periodic save)
@@ -226,19 +232,7 @@ def save_sharded_checkpoint(
     barrier()
     if is_main:
         torch.save(state, tmp / STATE_FILE)
-        files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-        (tmp / MANIFEST_FILE).write_text(json.dumps({"step": step, "sha256": {n: sha256_file(tmp / n) for n in files}}, indent=1))
-        for name in (*files, MANIFEST_FILE):
-            _fsync_file(tmp / name)
-        _fsync_dir(tmp)
-        if final.exists():
-            trash = root / f".old-{final.name}-{os.getpid()}"
-            os.replace(final, trash)
-            shutil.rmtree(trash)
-        os.replace(tmp, final)
-        _fsync_dir(root)
-        write_text_atomic(root / LATEST, final.name + "\n")
-        prune_checkpoints(root, keep)
+        publish(tmp, final, step, keep)
     barrier()
     return final
 
