@@ -169,3 +169,13 @@ def test_fsdp_out_of_memory_on_one_rank_restarts_the_group_smaller(tmp_path):
     run(command(tmp_path / "plain", *model, "model.args={rank: 1, limit: 1000}", *fsdp, nproc=2, micro=8))
     assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "oom"), train_losses(tmp_path / "plain"))) < 1e-6
     assert "out of memory at step 1 under FSDP" in proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_nccl_ddp_on_two_gpus_matches_one_gpu(tmp_path):
+    gpu = ["train.device=auto", "train.precision=fp32"]
+    run(command(tmp_path / "one", *gpu, "train.max_steps=20", micro=32))
+    run(command(tmp_path / "two", *gpu, "train.max_steps=20", nproc=2, micro=16))
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert max(abs(a - b) for a, b in zip(one, two)) < 1e-4
