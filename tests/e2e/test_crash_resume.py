@@ -2,7 +2,6 @@
 SIGTERM saves a checkpoint and exits 0."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

@@ -10,7 +10,6 @@ import pytest
 from trainforge.errors import UserError
 from trainforge.training.metrics import (
     MetricsLog,
-    RunningMean,
     classification_metrics,
     json_safe,
     lm_metrics,
@@ -76,15 +75,6 @@ def test_perplexity_is_exp_of_loss_and_never_overflows():
     assert lm_metrics(0.0)["perplexity"] == 1.0
     assert lm_metrics(1e6)["perplexity"] == math.inf
     assert math.isnan(lm_metrics(float("nan"))["perplexity"])
-
-
-def test_running_mean_weights_by_samples():
-    mean = RunningMean()
-    assert math.isnan(mean.value)
-    mean.add(2.0, weight=3)
-    mean.add(4.0, weight=1)  # a partial last batch counts by its size
-    assert mean.value == pytest.approx(2.5)
-    assert mean.weight == 4
 
 
 def test_json_safe_replaces_non_finite_and_numpy_scalars():

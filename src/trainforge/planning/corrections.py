@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 2**20
-GiB = 2**30
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,8 @@
     m = classification_metrics(y_true, y_pred, info.class_names)   # -> eval.json / val rows
     p = lm_metrics(mean_loss_nats)["perplexity"]
 
-    loss = RunningMean()
-    for x, y in val_loader:
-        loss.add(batch_loss.item(), weight=len(y))
     log = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard")   # None: no TensorBoard
-    log.log({"split": "val", "step": step, "epoch": epoch, "loss": loss.value, **m_scalars})
+    log.log({"split": "val", "step": step, "epoch": epoch, "loss": mean_loss, **m_scalars})
     log.close()
     rows = read_metrics(run_dir / "metrics.jsonl")
 
@@ -97,31 +94,6 @@ def lm_metrics(mean_loss_nats: float) -> dict:
     if math.isnan(loss):
         return {"perplexity": float("nan")}
     return {"perplexity": math.exp(loss) if loss < _MAX_EXP_ARG else float("inf")}
-
-
-class RunningMean:
-    """Sample-weighted mean for eval loops: add each batch's mean with its number of samples.
-
-    A partial last batch then counts by its size, so the result equals the mean over all samples.
-    `value` is NaN before anything was added.
-    """
-
-    def __init__(self) -> None:
-        self._total = 0.0
-        self._weight = 0
-
-    def add(self, value: float, weight: int = 1) -> None:
-        assert weight >= 0, f"weight must be >= 0, got {weight}"
-        self._total += float(value) * weight
-        self._weight += int(weight)
-
-    @property
-    def value(self) -> float:
-        return self._total / self._weight if self._weight else float("nan")
-
-    @property
-    def weight(self) -> int:
-        return self._weight
 
 
 # ---------------------------------------------------------------- the metrics log

@@ -6,7 +6,7 @@ parameters with fewer than two dimensions: decaying them hurts and is standard p
 from __future__ import annotations
 
 import inspect
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 from torch import nn
@@ -74,7 +74,3 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
-
-
-def trainable(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    return [p for p in params if p.requires_grad]
