@@ -19,7 +19,7 @@ from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.models import args as check
 from trainforge.models.base import InputSpec
-from trainforge.models.transformer import Block
+from trainforge.models.transformer import Block, check_sequence_length
 from trainforge.models.zoo import LANGUAGE_MODELLING, input_spec, register_model
 
 
@@ -63,11 +63,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
-        if t > self.block_size:
-            raise UserError(
-                f"model.args.block_size: got sequences of {t} tokens but block_size is {self.block_size}; "
-                "raise model.args.block_size or shorten the sequences"
-            )
+        check_sequence_length(t, self.block_size, "block_size")
         pos = torch.arange(t, dtype=torch.long, device=idx.device)
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
         for block in self.transformer.h:

@@ -17,7 +17,7 @@ from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.models import args as check
 from trainforge.models.base import InputSpec
-from trainforge.models.transformer import Block, token_grid_positions
+from trainforge.models.transformer import Block, check_sequence_length, token_grid_positions
 from trainforge.models.zoo import TOKEN_CLASSIFICATION, input_spec, register_model
 
 PAD_ID = 0
@@ -38,11 +38,7 @@ class TextTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
-        if t > self.max_len:
-            raise UserError(
-                f"model.args.max_len: got sequences of {t} tokens but max_len is {self.max_len}; "
-                "raise model.args.max_len or shorten the sequences"
-            )
+        check_sequence_length(t, self.max_len, "max_len")
         keep = x != PAD_ID
         # an all-pad sequence would leave softmax nothing to attend to (NaN); let it see everything
         keep = keep | ~keep.any(dim=1, keepdim=True)

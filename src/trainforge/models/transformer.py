@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainforge.errors import UserError
+
 
 class SelfAttention(nn.Module):
     def __init__(self, dim: int, heads: int, dropout: float, bias: bool = True, causal: bool = False) -> None:
@@ -74,3 +76,12 @@ def token_grid_positions(num_tokens: int, dim: int) -> nn.Parameter:
     pos = nn.Parameter(torch.empty(1, num_tokens, dim))
     nn.init.normal_(pos, std=0.02)
     return pos
+
+
+def check_sequence_length(length: int, limit: int, arg: str) -> None:
+    """Token inputs longer than the positions the model has: a user error naming `model.args.<arg>`."""
+    if length > limit:
+        raise UserError(
+            f"model.args.{arg}: got sequences of {length} tokens but {arg} is {limit}; "
+            f"raise model.args.{arg} or shorten the sequences"
+        )
