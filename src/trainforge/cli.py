@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from trainforge.console import err, out, print_json
 from trainforge.errors import JobFailed, UserError
 
 app = typer.Typer(
@@ -29,8 +29,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Plan, train, evaluate and compress PyTorch models from YAML recipes.",
 )
-out = Console()  # stdout: results
-err = Console(stderr=True)  # stderr: progress, logs, errors
 
 
 def _split_recipe(recipe: Optional[str], overrides: Optional[List[str]]) -> tuple[Optional[str], list[str]]:
@@ -39,12 +37,6 @@ def _split_recipe(recipe: Optional[str], overrides: Optional[List[str]]) -> tupl
     if recipe is not None and "=" in recipe:
         return None, [recipe, *overrides]
     return recipe, overrides
-
-
-def _print_json(doc: Any) -> None:
-    from trainforge.training.metrics import json_safe
-
-    sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")
 
 
 @app.command()
@@ -74,7 +66,7 @@ def train(
         doc = {"run_dir": str(rd), "status": "completed" if done else "interrupted",
                "eval": json.loads((rd / "eval.json").read_text()) if done else {}}
         if as_json:
-            _print_json(doc)
+            print_json(doc)
         else:
             out.print(f"run {doc['status']}: {rd}" + ("" if done else f"; resume with --run-dir {rd} --resume auto"))
         return
@@ -93,7 +85,7 @@ def train(
         "eval": {k: v for k, v in result.eval.items() if k not in ("per_class", "confusion_matrix")},
     }
     if as_json:
-        _print_json(doc)
+        print_json(doc)
         return
     table = Table(title=f"run {result.status}", show_header=False)
     table.add_row("run dir", str(result.run_dir))
@@ -118,7 +110,7 @@ def eval_cmd(
 
     result = evaluate_checkpoint(checkpoint, split=split, device=device)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     table = Table(title=f"{split} split of {result['checkpoint']} (step {result['step']})")
     table.add_column("metric")
@@ -211,7 +203,7 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly on
         command = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
         rows.append({"name": name, "path": str(path), "command": command})
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table(title="built-in recipes")
     table.add_column("name")
@@ -255,7 +247,7 @@ def plan(
 
         entry = calibrate(cfg, catalog=cat)
         if as_json:
-            _print_json(entry)
+            print_json(entry)
         else:
             out.print(render_calibration(entry))
         return
@@ -264,7 +256,7 @@ def plan(
     result = run_plan(cfg, gpus=gpu or None, num_gpus=_parse_counts(num_gpus), budget_usd=budget_usd,
                       deadline_h=deadline_h, efficiency=efficiency, catalog=cat)
     if as_json:
-        _print_json(result)
+        print_json(result)
         return
     for renderable in render_plan(result):
         out.print(renderable)
@@ -281,7 +273,7 @@ def gpus(
 
     rows = catalog_rows(load_catalog(catalog))
     if as_json:
-        _print_json(rows)
+        print_json(rows)
         return
     table = Table(title="GPU catalog (dense tensor peaks; * = figure to verify)")
     for col in ("gpu", "memory GiB", "bandwidth TB/s", "bf16 TF", "fp32 TF", "CUDA cores", "TDP W", "interconnect", "$/h", "price from"):
@@ -303,6 +295,19 @@ def gpus(
             "-" if price is None else f"{price['provider']} {price['date']}",
         )
     out.print(table)
+
+
+def _register_stage_commands() -> None:
+    """Each later stage keeps its commands in its own package (`<stage>/commands.py`, light imports only)."""
+    from trainforge.compress.commands import register as register_compress
+    from trainforge.jobs.commands import register as register_jobs
+    from trainforge.tune.commands import register as register_tune
+
+    for register in (register_tune, register_compress, register_jobs):
+        register(app)
+
+
+_register_stage_commands()
 
 
 def main(argv: Optional[list[str]] = None) -> None:

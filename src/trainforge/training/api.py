@@ -7,7 +7,7 @@ from typing import Optional, Union
 from trainforge.config import Config, apply_overrides, config_from_dict, load_config, read_yaml
 from trainforge.errors import UserError
 from trainforge.training.checkpoint import find_resume_checkpoint
-from trainforge.training.loop import TrainResult, fit
+from trainforge.training.loop import FitHooks, TrainResult, fit
 from trainforge.training.rundir import (
     CHECKPOINTS,
     check_writable,
@@ -26,6 +26,7 @@ def train(
     overrides: Optional[list[str]] = None,
     run_dir: Optional[Union[str, Path]] = None,
     resume: Optional[Union[str, Path]] = None,
+    hooks: Optional[FitHooks] = None,
 ) -> TrainResult:
     """Train from a Config, a recipe path or name (None: the default recipe), optionally resuming.
 
@@ -34,9 +35,10 @@ def train(
         runs/<name>-* when run_dir is None); start fresh when there is none.
     resume=PATH: continue from that run directory or checkpoints/step-* directory.
     When resuming with config=None, the run's own config.yaml is used (plus overrides).
+    hooks: see FitHooks (a replacement model or loss, a callback after each evaluation).
     """
     cfg, rd, ckpt = prepare_run(config, overrides, run_dir=run_dir, resume=resume)
-    return fit(cfg, rd, resume_from=ckpt)
+    return fit(cfg, rd, resume_from=ckpt, hooks=hooks)
 
 
 def prepare_run(
@@ -89,7 +91,7 @@ def _resumed_config(config: ConfigLike, overrides: list[str], run_dir: Path) -> 
     return config_from_dict(apply_overrides(read_yaml(saved), overrides))
 
 
-__all__ = ["train", "TrainResult"]
+__all__ = ["train", "TrainResult", "FitHooks"]
 
 
 def check_names(cfg: Config) -> None:

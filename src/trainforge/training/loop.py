@@ -20,7 +20,7 @@ import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainforge.config import Config
 from trainforge.data import build_data
+from trainforge.data.base import DataInfo
 from trainforge.data.loader import (
     PositionBatchSampler,
     make_eval_loader,
@@ -74,9 +75,24 @@ from trainforge.training.signals import stop_on_signals
 
 
 @dataclass
+class FitHooks:
+    """How another stage (tune, compress) steers one run without a second loop.
+
+    build_model(info) -> nn.Module replaces the registry model (e.g. a pruned network; it must build the
+        same architecture on resume). loss(logits, x, y) -> scalar replaces the task loss (e.g. distillation).
+    on_eval(step, val_metrics) -> True ends the run after that evaluation with status "pruned" (a tuner's
+        pruner); no final model is written then.
+    """
+
+    build_model: Optional[Callable[[DataInfo], nn.Module]] = None
+    loss: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = None
+    on_eval: Optional[Callable[[int, dict[str, Any]], bool]] = None
+
+
+@dataclass
 class TrainResult:
     run_dir: Path
-    status: str  # completed | early_stopped | interrupted
+    status: str  # completed | early_stopped | interrupted | pruned
     steps: int
     eval: dict[str, Any] = field(default_factory=dict)  # test metrics of the final model (eval.json)
     val: dict[str, Any] = field(default_factory=dict)  # last validation metrics
@@ -84,8 +100,9 @@ class TrainResult:
     micro_batch_size: int = 0
 
 
-def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> TrainResult:
+def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
     run_dir = Path(run_dir)
+    hooks = hooks or FitHooks()
     tc = cfg.train
     with contextlib.ExitStack() as stack:
         env, device = stack.enter_context(distributed(tc.device))
@@ -98,7 +115,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
         # ---- data and model
         data = build_data(cfg.data, seed=cfg.seed)
         info = data.info
-        model, _ = build_model(cfg.model, info)
+        model = hooks.build_model(info) if hooks.build_model else build_model(cfg.model, info)[0]
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, info.task, "train.early_stopping.metric")
         if strategy == "fsdp" and (tc.ema_decay or tc.early_stopping):
@@ -260,6 +277,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                         loss_sum, wait_s = forward_backward(
                             step_model, batches, accumulation, device=device, precision=precision, scaler=scaler,
                             task=info.task, label_smoothing=tc.label_smoothing, channels_last=channels_last,
+                            loss_fn=hooks.loss,
                         )
                         local_loss = loss_sum.item()
                     except Exception as exc:  # noqa: BLE001 - only out-of-memory is handled, the rest re-raised
@@ -329,6 +347,9 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
                             status = "early_stopped"
                             progress.log(f"early stopping at step {done}: no {stopper.metric} improvement "
                                          f"in {stopper.patience} evaluations (best {stopper.best:.4f})")
+                    if hooks.on_eval is not None and hooks.on_eval(done, val):
+                        status = "pruned"
+                        progress.log(f"stopped at step {done}: the caller pruned this run")
                 if done % eval_every == 0 or done == total_steps:
                     status = broadcast_object(env, status)
 
@@ -347,13 +368,13 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None) -> Train
             metrics.close()
 
         result = TrainResult(run_dir, status, done, val=val, skipped_steps=skipped, micro_batch_size=micro)
-        if status == "interrupted":
+        if status in ("interrupted", "pruned"):
             barrier(env)
             return result
         if strategy == "fsdp":  # gather the whole weights once; rank 0 evaluates a plain copy
             whole = full_model_state(model)
             if env.is_main:
-                model, _ = build_model(cfg.model, info)
+                model = hooks.build_model(info) if hooks.build_model else build_model(cfg.model, info)[0]
                 load_model_weights(model, whole)
                 model.to(device)
         if not env.is_main:
@@ -386,6 +407,7 @@ def forward_backward(
     task: str,
     label_smoothing: float,
     channels_last: bool,
+    loss_fn: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, float]:
     """Accumulate gradients of the mean loss over `accumulation` micro-batches.
 
@@ -408,7 +430,10 @@ def forward_backward(
         y = y.to(device, non_blocking=True)
         with autocast(device, precision):
             logits = model(x)
-        loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing) / accumulation
+        if loss_fn is not None:
+            loss = loss_fn(logits.float(), x, y) / accumulation
+        else:
+            loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing) / accumulation
         scaler.scale(loss).backward()
         total += loss.detach()
     return total, wait_s

@@ -1,0 +1,1 @@
+"""Hyperparameter search with Optuna: search spaces, studies, parallel trials."""
