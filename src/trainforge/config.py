@@ -78,6 +78,9 @@ class ModelConfig(Section):
     name: str = "cnn"
     target: Optional[str] = None  # "pkg.module:factory" when name is custom
     args: dict[str, Any] = Field(default_factory=dict)
+    # set by `trainforge compress` on a pruned model's fine-tuning run: the weights are this architecture
+    # with channels removed, and loading resizes its layers to them
+    pruned: bool = False
 
 
 class OptimConfig(Section):

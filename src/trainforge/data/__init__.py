@@ -4,11 +4,26 @@
     bundle = build_data(cfg.data, seed=cfg.seed)     # DataBundle: info, train, val, test, preprocess, report
 
 Sources are looked up in `SOURCES` by `data.source`; loaders live in `trainforge.data.loader`.
+The names below load on first use, so torch-free modules of this package (`text`, `imageio`) serve
+`trainforge predict` without importing torch.
 """
 from __future__ import annotations
 
-from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.pipeline import build_data
-from trainforge.data.sources import SOURCES
+from importlib import import_module
+from typing import Any
 
-__all__ = ["SOURCES", "DataBundle", "DataInfo", "build_data"]
+_LAZY = {
+    "DataBundle": "trainforge.data.base",
+    "DataInfo": "trainforge.data.base",
+    "build_data": "trainforge.data.pipeline",
+    "SOURCES": "trainforge.data.sources",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'trainforge.data' has no attribute {name!r}")
+    value = getattr(import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value

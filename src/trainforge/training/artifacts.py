@@ -48,6 +48,10 @@ class Trained:
         from trainforge.models import build_model
 
         model, _ = build_model(self.config.model, self.info)
+        if self.config.model.pruned:
+            from trainforge.models.resize import resize_to_weights
+
+            resize_to_weights(model, self.weights)
         load_model_weights(model, self.weights)
         return model
 

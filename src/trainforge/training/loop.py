@@ -115,6 +115,9 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         # ---- data and model
         data = build_data(cfg.data, seed=cfg.seed)
         info = data.info
+        if cfg.model.pruned and hooks.build_model is None:
+            raise UserError("model.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; "
+                            "rerun the same compress command (same --out) to continue it")
         model = hooks.build_model(info) if hooks.build_model else build_model(cfg.model, info)[0]
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, info.task, "train.early_stopping.metric")

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
+from trainforge.data.imageio import read_image
 from trainforge.data.pool import DropLog, Pool
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
@@ -26,11 +27,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 def load_image(path: str, image_size: int, grayscale: bool) -> torch.Tensor:
     """float32 (C, S, S) in [0, 1]; C is 1 for grayscale, else 3."""
-    with Image.open(path) as img:
-        img = img.convert("L" if grayscale else "RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
-        arr = np.asarray(img, dtype=np.float32) / 255.0
-    x = torch.from_numpy(arr)
-    return x.unsqueeze(0) if grayscale else x.permute(2, 0, 1).contiguous()
+    return torch.from_numpy(read_image(path, image_size, grayscale))
 
 
 def decodes(data: bytes) -> bool:

@@ -1,0 +1,76 @@
+"""Measuring an ONNX artifact on the CPU: latency (median and p90) at a fixed thread count, and test metrics.
+
+    session = ort_session(path, threads=1)
+    timing = latency_ms(lambda: run(session, batch_of_32), budget_s=1.0)   # {"median", "p90", "runs"} in ms
+    metrics = evaluate_onnx(session, inputs, labels, task="classification")
+
+Timing: a few warm-up runs, then runs until `budget_s` has passed (at least `min_runs`); each run is timed
+alone with perf_counter. Only ratios between variants measured in the same process mean much on a
+shared machine; the table shows both.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from trainforge.compress.artifact import INPUT_NAME
+
+
+def ort_session(path: Path, threads: int) -> Any:
+    """An onnxruntime CPU session with `threads` intra-op threads and sequential execution."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def run(session: Any, x: np.ndarray) -> np.ndarray:
+    return session.run(None, {INPUT_NAME: x})[0]
+
+
+def latency_ms(call: Callable[[], Any], *, budget_s: float = 1.0, min_runs: int = 10, warmup: int = 3) -> dict[str, float]:
+    """Median and 90th-percentile wall time of `call()` (one complete inference), in milliseconds."""
+    for _ in range(warmup):
+        call()
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < min_runs or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    ms = np.asarray(times) * 1e3
+    return {"median": float(np.median(ms)), "p90": float(np.percentile(ms, 90)), "runs": len(times)}
+
+
+def predict_all(session: Any, inputs: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    """Logits for every row of `inputs`, in batches."""
+    return np.concatenate([run(session, inputs[i:i + batch_size]) for i in range(0, len(inputs), batch_size)])
+
+
+def task_metrics(logits: np.ndarray, labels: np.ndarray, task: str) -> dict[str, Optional[float]]:
+    """accuracy (classification) or perplexity (lm), plus the mean cross-entropy, from logits in numpy."""
+    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    y = labels.reshape(-1)
+    shifted = flat - flat.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    loss = float(-log_probs[np.arange(len(y)), y].mean())
+    if task == "lm":
+        return {"accuracy": None, "perplexity": math.exp(min(loss, 50.0)), "loss": loss}
+    return {"accuracy": float((flat.argmax(axis=1) == y).mean()), "loss": loss}
+
+
+def timing_row(timings: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """The table's latency fields from {batch size: latency_ms(...)}."""
+    return {
+        "latency_ms": {f"b{b}": t["median"] for b, t in timings.items()},
+        "latency_p90_ms": {f"b{b}": t["p90"] for b, t in timings.items()},
+        "throughput_per_s": {f"b{b}": b / (t["median"] / 1e3) for b, t in timings.items()},
+    }

@@ -1,0 +1,291 @@
+"""`trainforge.compress(...)`: a checkpoint in, deployable artifacts and a before/after table out.
+
+    doc = compress("runs/digits", CompressOptions(prune=0.5, distill=True))
+    doc["variants"]   # fp32, pruned, int8, pruned+int8: params, bytes, latency, accuracy
+
+Stages, each optional: structured pruning + fine-tuning through the normal training loop (optionally
+distilled from the unpruned model), ONNX export, int8 with ONNX Runtime, and on CUDA torchao weight
+quantization. Every ONNX variant is measured the same way: its test-split metrics from onnxruntime
+outputs, its file size, and its CPU latency at a fixed thread count for batch 1 and batch 32.
+Writes to OUT (default RUN/compressed/): the .onnx files, finetune/ (the pruned model's run
+directory), compress.json (the table) and a "Compression" section in the run's report.html.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from trainforge.compress import bench
+from trainforge.compress.artifact import artifact_meta
+from trainforge.compress.export import export_onnx
+from trainforge.compress.prune import PruneResult, count, prune_model
+from trainforge.compress.quantize import INT8_METHODS, choose_method, quantize_onnx
+from trainforge.errors import UserError
+
+FILE_NAMES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
+QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
+EXPORTS = ("onnx",)
+BENCH_BATCHES = (1, 32)
+TEMP_SUFFIXES = (".export.onnx", ".prep.onnx", ".q.onnx")  # left by a crash mid-export or mid-quantization
+
+
+@dataclass
+class CompressOptions:
+    prune: float = 0.0  # fraction of each prunable width to remove; 0 = no pruning
+    finetune_epochs: int = 3  # after pruning; 0 = none
+    finetune_lr_scale: float = 0.5  # fine-tuning peak LR = the recipe's optim.lr x this
+    distill: bool = False
+    temperature: float = 4.0
+    alpha: float = 0.5  # weight of the distillation term
+    quantize: str = "int8"
+    int8_method: str = "auto"  # auto | dynamic | static
+    export: str = "onnx"
+    threads: int = 1  # onnxruntime intra-op threads while timing
+    calibration_samples: int = 256  # train-split samples for static int8
+    bench_s: float = 1.0  # timing budget per variant and batch size
+    device: Optional[str] = None  # torchao variants: cuda when present, else cpu
+    progress: bool = True
+
+    def check(self) -> None:
+        if not 0.0 <= self.prune < 1.0:
+            raise UserError(f"--prune: expected a fraction in [0, 1) of channels to remove (e.g. 0.5), got {self.prune}")
+        if self.finetune_epochs < 0:
+            raise UserError(f"--finetune-epochs: expected 0 or more, got {self.finetune_epochs}")
+        if self.distill and (self.prune == 0.0 or self.finetune_epochs == 0):
+            raise UserError("--distill trains the pruned model from the original: add --prune R and --finetune-epochs E > 0")
+        if self.quantize not in QUANTIZE:
+            raise UserError(f"--quantize: expected one of {', '.join(QUANTIZE)}, got {self.quantize!r}")
+        if self.export not in EXPORTS:
+            raise UserError(f"--export: expected one of {', '.join(EXPORTS)}, got {self.export!r}")
+        if self.int8_method != "auto":
+            INT8_METHODS.get(self.int8_method)
+        if self.threads < 1:
+            raise UserError(f"--threads: expected 1 or more, got {self.threads}")
+        if self.temperature <= 0 or not 0.0 <= self.alpha <= 1.0:
+            raise UserError("--temperature must be > 0 and --alpha in [0, 1]")
+
+
+@dataclass
+class Split:
+    """One split as arrays, the way the model takes it."""
+
+    inputs: np.ndarray
+    labels: np.ndarray
+
+
+def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: Optional[CompressOptions] = None,
+             log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
+    """Run the stages `options` asks for on CHECKPOINT (run dir, final/ or checkpoints/step-*); see module doc."""
+    from trainforge.training.artifacts import load_trained
+
+    options = options or CompressOptions()
+    options.check()
+    trained = load_trained(Path(checkpoint))
+    run_dir = owning_run_dir(trained.source)
+    out_dir = Path(out) if out else (run_dir or trained.source) / "compressed"
+    continuing = check_out_dir(out_dir)
+    if continuing:
+        log(f"continuing the unfinished compression in {out_dir}")
+
+    cfg, info = trained.config, trained.info
+    test, calibration = load_splits(cfg, options.calibration_samples)
+    model = trained.build_model().eval()
+    example = torch.from_numpy(test.inputs[:2])
+    teacher_logits = torch_logits(model, test.inputs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    flops, params = count(model, example)
+    variants: list[dict[str, Any]] = []
+    measure = Measurer(test, info.task, options, log)
+    log("exporting fp32 ONNX")
+    fp32 = export_onnx(model, example, out_dir / FILE_NAMES["fp32"], artifact_meta("fp32", info, trained.preprocess))
+    variants.append(measure("fp32", fp32, params, flops, reference=teacher_logits))
+
+    pruning: Optional[dict[str, Any]] = None
+    finetune: Optional[dict[str, Any]] = None
+    pruned_path: Optional[Path] = None
+    if options.prune > 0:
+        log(f"pruning {options.prune:.0%} of each prunable width")
+        result = prune_model(model, example, options.prune)
+        pruning = {k: v for k, v in dataclasses.asdict(result).items() if k != "model"}
+        pruned_model = result.model
+        if options.finetune_epochs > 0:
+            pruned_model, finetune = fine_tune(result, model, cfg, info.task, out_dir / "finetune", options, log)
+        pruned_model.eval()
+        pruned_path = export_onnx(pruned_model, example, out_dir / FILE_NAMES["pruned"],
+                                  artifact_meta("pruned", info, trained.preprocess))
+        pruned_logits = torch_logits(pruned_model, test.inputs)
+        variants.append(measure("pruned", pruned_path, result.params_after, result.flops_after, reference=pruned_logits))
+
+    method = None
+    if options.quantize == "int8":
+        method = choose_method(model) if options.int8_method == "auto" else options.int8_method
+        batches = [calibration.inputs[i:i + 32] for i in range(0, len(calibration.inputs), 32)]
+        sources = [("int8", fp32, params, flops, teacher_logits)]
+        if pruned_path is not None:
+            sources.append(("pruned+int8", pruned_path, pruning["params_after"], pruning["flops_after"], pruned_logits))
+        for name, src, n_params, n_flops, reference in sources:
+            log(f"quantizing {src.name} to int8 ({method})")
+            path = quantize_onnx(src, out_dir / FILE_NAMES[name], method, artifact_meta(name, info, trained.preprocess),
+                                 calibration=batches)
+            variants.append(measure(name, path, n_params, n_flops, reference=reference))
+    elif options.quantize.startswith("torchao"):
+        from trainforge.compress.torchao_quant import torchao_variant
+
+        log(f"quantizing Linear weights with {options.quantize}")
+        variants.append(torchao_variant(model, options.quantize, test, teacher_logits, out_dir, params, flops,
+                                        info.task, options.bench_s, options.device))
+
+    add_comparisons(variants)
+    doc = {
+        "checkpoint": str(trained.source),
+        "out": str(out_dir),
+        "task": info.task,
+        "threads": options.threads,
+        "int8_method": method,
+        "pruning": pruning,
+        "finetune": finetune,
+        "test_samples": int(len(test.labels)),
+        "variants": variants,
+    }
+    (out_dir / "compress.json").write_text(json.dumps(doc, indent=1))
+    if run_dir is not None:
+        from trainforge.compress.render import report_section
+        from trainforge.report import write_report
+
+        doc["report"] = str(write_report(run_dir, extra_sections=[("Compression", report_section(doc))]))
+    return doc
+
+
+class Measurer:
+    """One row of the table per ONNX variant: size, test metrics, agreement with PyTorch, latency."""
+
+    def __init__(self, test: Split, task: str, options: CompressOptions, log: Callable[[str], None]) -> None:
+        self.test, self.task, self.options, self.log = test, task, options, log
+
+    def __call__(self, name: str, path: Path, params: int, flops: int, reference: np.ndarray) -> dict[str, Any]:
+        self.log(f"measuring {name}: test split, latency at batch {', '.join(map(str, BENCH_BATCHES))}")
+        session = bench.ort_session(path, self.options.threads)
+        logits = bench.predict_all(session, self.test.inputs)
+        row: dict[str, Any] = {
+            "name": name,
+            "path": str(path),
+            "runtime": f"onnxruntime-cpu ({self.options.threads} thread{'s' if self.options.threads > 1 else ''})",
+            "params": int(params),
+            "flops": int(flops),
+            "bytes": path.stat().st_size,
+            **bench.task_metrics(logits, self.test.labels, self.task),
+            # against the PyTorch model the file came from: export error for fp32/pruned, int8 error otherwise
+            "max_abs_diff": float(np.abs(logits - reference).max()),
+        }
+        timings = {}
+        for b in BENCH_BATCHES:
+            x = batch_of(self.test.inputs, b)
+            timings[b] = bench.latency_ms(lambda: bench.run(session, x), budget_s=self.options.bench_s)
+        row.update(bench.timing_row(timings))
+        return row
+
+
+def add_comparisons(variants: list[dict[str, Any]]) -> None:
+    """Each row against fp32: size ratio, batch-32 speedup, accuracy change in points."""
+    base = next(v for v in variants if v["name"] == "fp32")
+    for v in variants:
+        v["size_ratio"] = base["bytes"] / v["bytes"]
+        v["speedup"] = {k: base["latency_ms"][k] / v["latency_ms"][k] for k in v["latency_ms"] if k in base["latency_ms"]}
+        if v.get("accuracy") is not None and base.get("accuracy") is not None:
+            v["accuracy_delta_pt"] = 100.0 * (v["accuracy"] - base["accuracy"])
+
+
+def batch_of(inputs: np.ndarray, size: int) -> np.ndarray:
+    """`size` real samples (repeated when the split is smaller)."""
+    reps = -(-size // len(inputs))
+    return np.ascontiguousarray(np.concatenate([inputs] * reps)[:size])
+
+
+def load_splits(cfg: Any, calibration_samples: int) -> tuple[Split, Split]:
+    """The test split, and a seeded random subset of the unaugmented train split for calibration."""
+    from trainforge.data import build_data
+
+    data = build_data(cfg.data, seed=cfg.seed)
+    test = to_arrays(data.test, range(len(data.test)))
+    order = np.random.default_rng(cfg.seed).permutation(len(data.train))[:calibration_samples]
+    return test, to_arrays(data.train, order)
+
+
+def to_arrays(dataset: Any, indices: Any) -> Split:
+    xs, ys = zip(*(dataset[int(i)] for i in indices))  # integer indices: no augmentation
+    return Split(torch.stack(xs).numpy(), torch.stack([torch.as_tensor(y) for y in ys]).numpy())
+
+
+def torch_logits(model: nn.Module, inputs: np.ndarray, batch_size: int = 256) -> np.ndarray:
+    model = model.to("cpu").eval()
+    with torch.no_grad():
+        return torch.cat([model(torch.from_numpy(inputs[i:i + batch_size])) for i in range(0, len(inputs), batch_size)]).numpy()
+
+
+def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_dir: Path, options: CompressOptions,
+              log: Callable[[str], None]) -> tuple[nn.Module, dict[str, Any]]:
+    """Train the pruned model through the normal loop (resumable, checkpointed, reported) in `run_dir`."""
+    from trainforge.config import config_from_dict
+    from trainforge.training.api import train
+    from trainforge.training.artifacts import load_trained
+    from trainforge.training.loop import FitHooks
+
+    d = cfg.model_dump(mode="json")
+    d["name"] = f"{cfg.name}-pruned"
+    d["model"]["pruned"] = True
+    d["train"].update(epochs=options.finetune_epochs, max_steps=None)
+    d["optim"]["lr"] = cfg.optim.lr * options.finetune_lr_scale
+    d["log"]["progress"] = options.progress
+    ft_cfg = config_from_dict(d)
+    loss = None
+    if options.distill:
+        from trainforge.compress.distill import distillation_loss
+
+        loss = distillation_loss(copy.deepcopy(teacher), task=task,
+                                 temperature=options.temperature, alpha=options.alpha)
+    log(f"fine-tuning the pruned model for {options.finetune_epochs} epoch(s){' with distillation' if loss else ''} in {run_dir}")
+    skeleton = result.model
+    hooks = FitHooks(build_model=lambda info: copy.deepcopy(skeleton), loss=loss)
+    # pruning is deterministic, so a rerun rebuilds the same skeleton and continues from the last checkpoint
+    trained = train(ft_cfg, run_dir=run_dir, hooks=hooks, resume="auto" if run_dir.exists() else None)
+    model = load_trained(run_dir).build_model()  # the pruned architecture, resized to its weights
+    summary = {"run_dir": str(run_dir), "epochs": options.finetune_epochs, "steps": trained.steps,
+               "lr": ft_cfg.optim.lr, "distill": options.distill, "status": trained.status,
+               "temperature": options.temperature if options.distill else None,
+               "alpha": options.alpha if options.distill else None}
+    return model, summary
+
+
+def check_out_dir(out_dir: Path) -> bool:
+    """True when `out_dir` holds an unfinished compression to continue; False when new or empty.
+
+    A finished one (compress.json written last) or any file compress does not write is never touched.
+    """
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        return False
+    if not out_dir.is_dir():
+        raise UserError(f"--out: {out_dir} is a file; pass a directory")
+    if (out_dir / "compress.json").exists():
+        raise UserError(f"--out: {out_dir} holds a finished compression (compress.json); choose another --out or remove it")
+    own = set(FILE_NAMES.values()) | {"finetune", "torchao-int8.pt", "torchao-float8.pt"}
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in own and not p.name.endswith(TEMP_SUFFIXES))
+    if foreign:
+        raise UserError(f"--out: {out_dir} holds files compress did not write ({foreign[0]}); choose another --out")
+    return True
+
+
+def owning_run_dir(source: Path) -> Optional[Path]:
+    """The run directory a final/ or checkpoint belongs to (the one with config.yaml and metrics.jsonl)."""
+    for candidate in (source, *source.parents[:3]):
+        if (candidate / "metrics.jsonl").is_file() and (candidate / "config.yaml").is_file():
+            return candidate
+    return None

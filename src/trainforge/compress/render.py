@@ -1,0 +1,83 @@
+"""The before/after table: rich for the terminal, HTML for report.html (compress.json is the data)."""
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Optional
+
+from rich import box
+from rich.table import Table
+
+COLUMNS = ("variant", "params", "FLOPs", "size", "x smaller", "b1 ms (p90)", "b32 ms (p90)", "b32 /s",
+           "speedup b32", "metric", "Δ pt")
+
+
+def rows(doc: dict[str, Any]) -> list[list[str]]:
+    out = []
+    metric = "perplexity" if doc.get("task") == "lm" else "accuracy"
+    for v in doc["variants"]:
+        lat, p90 = v["latency_ms"], v["latency_p90_ms"]
+        value: Optional[float] = v.get(metric)
+        out.append([
+            v["name"],
+            f"{v['params']:,}",
+            _si(v["flops"]),
+            _bytes(v["bytes"]),
+            f"{v['size_ratio']:.2f}x",
+            f"{lat['b1']:.3f} ({p90['b1']:.3f})",
+            f"{lat['b32']:.3f} ({p90['b32']:.3f})",
+            f"{v['throughput_per_s']['b32']:,.0f}",
+            f"{v['speedup']['b32']:.2f}x",
+            "-" if value is None else (f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.3f}"),
+            "" if v.get("accuracy_delta_pt") is None else f"{v['accuracy_delta_pt']:+.2f}",
+            _si(v["params"]),  # the terminal's compact form
+        ])
+    return out
+
+
+TERMINAL_COLUMNS = ("variant", "params", "size", "smaller", "b1 ms", "b32 ms", "b32 gain", "metric", "Δ pt")
+
+
+def rich_table(doc: dict[str, Any]) -> Table:
+    """The terminal's narrower table (p90, FLOPs and throughput are in compress.json and report.html)."""
+    table = Table(title=f"compression ({doc['threads']} CPU thread(s); metric on {doc['test_samples']} test samples)",
+                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
+    for i, name in enumerate(TERMINAL_COLUMNS):
+        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+    for r in rows(doc):
+        table.add_row(r[0], r[11], r[3].replace(".0 ", " "), r[4], r[5].split()[0], r[6].split()[0], r[8], r[9], r[10])
+    return table
+
+
+def report_section(doc: dict[str, Any]) -> str:
+    head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r[:len(COLUMNS)]) + "</tr>" for r in rows(doc))
+    notes = [f"Latency: onnxruntime on the CPU with {doc['threads']} thread(s), median (p90) of repeated runs; "
+             f"metrics on the test split ({doc['test_samples']} samples)."]
+    if doc.get("int8_method"):
+        notes.append(f"int8: ONNX Runtime {doc['int8_method']} quantization.")
+    if doc.get("pruning"):
+        p = doc["pruning"]
+        notes.append(f"Pruning: {p['ratio']:.0%} of each prunable width; parameters {p['params_before']:,} → "
+                     f"{p['params_after']:,}, FLOPs {_si(p['flops_before'])} → {_si(p['flops_after'])}.")
+    if doc.get("finetune"):
+        f = doc["finetune"]
+        notes.append(f"Fine-tuned {f['epochs']} epoch(s), {f['steps']} steps"
+                     f"{', distilled from the unpruned model' if f['distill'] else ''}: {escape(f['run_dir'])}.")
+    notes.append(f"Artifacts: {escape(doc['out'])}")
+    return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+            + "".join(f'<p class="note">{n}</p>' for n in notes))
+
+
+def _bytes(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _si(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
