@@ -53,7 +53,11 @@ def meta_from_session(session: Any, path: Path) -> dict[str, Any]:
     raw = session.get_modelmeta().custom_metadata_map.get(META_KEY)
     if raw is None:
         raise UserError(f"{path}: an ONNX file without trainforge metadata; export it with `trainforge compress`")
-    meta = json.loads(raw)
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{path}: unsupported artifact format {meta.get('format')!r}; re-export it with this version")
+    try:
+        meta = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: damaged trainforge metadata ({exc.msg}); re-export it with `trainforge compress`") from exc
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise UserError(f"{path}: unsupported artifact format {found!r}; re-export it with this version")
     return meta

@@ -4,8 +4,46 @@ Keep module-level imports light (typer, rich, trainforge.console): heavy librari
 """
 from __future__ import annotations
 
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+
+from trainforge.console import out, print_json
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the `trainforge` app."""
+    from trainforge.compress.compress_cmd import compress_command
+
+    app.command("compress")(compress_command)
+    app.command("predict")(_predict_command)
+
+
+def _predict_command(
+    artifact: Path = typer.Argument(..., metavar="ARTIFACT", help="An .onnx file from `trainforge compress`, or its output folder "
+                                    "(served in the order pruned-int8, int8, pruned, fp32)."),
+    inputs: Optional[List[str]] = typer.Argument(None, metavar="INPUT", help="Image files; text files (one input "
+                                                 "per line) or - for stdin; CSV files with the feature columns."),
+    top_k: int = typer.Option(3, "--top-k", help="How many of the most likely classes to report per input."),
+    batch_size: int = typer.Option(32, "--batch-size", help="Inputs per onnxruntime call."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="onnxruntime intra-op threads (default: all cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+) -> None:
+    """Classify inputs with an exported ONNX artifact (onnxruntime + numpy only; torch is not imported)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from trainforge.compress.predict import predict
+
+    result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads)
+    if as_json:
+        print_json(result)
+        return
+    table = Table(title=f"{result['artifact']} ({result['variant']})")
+    table.add_column("input")
+    table.add_column("label")
+    table.add_column("probability", justify="right")
+    for p in result["predictions"]:  # Text(): a file name or a text line is shown as is, never as rich markup
+        table.add_row(Text(p["input"]), Text(p["label"]), f"{p['probability']:.4f}")
+    out.print(table)

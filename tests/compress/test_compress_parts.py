@@ -1,0 +1,153 @@
+"""The compression stages one by one: pruning, resizing, distillation loss, export, int8 storage."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+
+from trainforge.compress.artifact import INPUT_NAME, META_KEY, OUTPUT_NAME, artifact_meta
+from trainforge.compress.distill import kd_loss
+from trainforge.compress.export import export_onnx
+from trainforge.compress.prune import prune_model
+from trainforge.compress.quantize import choose_method, quantize_onnx, weight_only_int8
+from trainforge.config import ModelConfig
+from trainforge.data.base import DataInfo
+from trainforge.errors import UserError
+from trainforge.models import build_model
+from trainforge.models.resize import resize_to_weights
+
+IMAGE = DataInfo(task="classification", modality="image", input_shape=(3, 16, 16), input_dtype="float32",
+                 num_classes=5, class_names=tuple("abcde"))
+TEXT = DataInfo(task="classification", modality="text", input_shape=(24,), input_dtype="int64", num_classes=3,
+                class_names=("x", "y", "z"), vocab_size=100, seq_len=24)
+LM = DataInfo(task="lm", modality="text", input_shape=(16,), input_dtype="int64", num_classes=0, vocab_size=64, seq_len=16)
+
+CASES = {
+    "cnn": (ModelConfig(name="cnn", args={"channels": [16, 32]}), IMAGE),
+    "resnet": (ModelConfig(name="resnet", args={"depth": 8}), IMAGE),
+    "text_transformer": (ModelConfig(name="text_transformer", args={"dim": 32, "depth": 2, "heads": 4}), TEXT),
+    "gpt": (ModelConfig(name="gpt", args={"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 16}), LM),
+}
+
+
+def example_for(info: DataInfo, n: int = 4) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    if info.modality == "image":
+        return torch.randn(n, *info.input_shape, generator=g)
+    return torch.randint(1, info.vocab_size, (n, *info.input_shape), generator=g)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pruning_removes_channels_and_keeps_the_interface(name):
+    cfg, info = CASES[name]
+    model, _ = build_model(cfg, info)
+    x = example_for(info)
+    before = model.eval()(x)
+    result = prune_model(model, x, 0.5)
+    assert result.params_after < result.params_before
+    assert result.flops_after < result.flops_before
+    assert sum(p.numel() for p in result.model.parameters()) == result.params_after
+    assert result.model.eval()(x).shape == before.shape
+    assert torch.equal(model(x), before), "the original model must be left as it was"
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet", "text_transformer"])
+def test_a_pruned_model_is_rebuilt_from_its_weights_alone(name):
+    cfg, info = CASES[name]
+    model, _ = build_model(cfg, info)
+    x = example_for(info)
+    pruned = prune_model(model, x, 0.5).model.eval()
+    weights = pruned.state_dict()
+    fresh, _ = build_model(cfg, info)
+    resize_to_weights(fresh, weights)
+    fresh.load_state_dict(weights)
+    assert torch.equal(fresh.eval()(x), pruned(x))
+
+
+def test_resizing_refuses_weights_of_another_architecture():
+    cfg, info = CASES["cnn"]
+    model, _ = build_model(cfg, info)
+    weights = {k: v.flatten() if v.dim() == 4 else v for k, v in model.state_dict().items()}
+    with pytest.raises(UserError, match="another architecture"):
+        resize_to_weights(model, weights)
+
+
+def test_pruning_ratio_outside_0_1_is_a_user_error():
+    cfg, info = CASES["cnn"]
+    model, _ = build_model(cfg, info)
+    with pytest.raises(UserError, match="--prune"):
+        prune_model(model, example_for(info), 1.0)
+
+
+def test_distillation_loss_terms():
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
+    y = torch.randint(0, 5, (8,), generator=g)
+    # alpha 0: plain cross-entropy; alpha 1 with student == teacher: zero
+    assert torch.allclose(kd_loss(s, t, y, task="classification", temperature=3.0, alpha=0.0), F.cross_entropy(s, y))
+    assert kd_loss(t, t, y, task="classification", temperature=3.0, alpha=1.0).abs() < 1e-6
+    # the soft term is KL(teacher || student) at temperature T, scaled by T^2
+    T = 2.0
+    kl = (F.softmax(t / T, -1) * (F.log_softmax(t / T, -1) - F.log_softmax(s / T, -1))).sum(-1).mean() * T * T
+    assert torch.allclose(kd_loss(s, t, y, task="classification", temperature=T, alpha=1.0), kl, atol=1e-6)
+    # language models: (batch, time, vocab) logits with (batch, time) targets
+    s3, t3 = torch.randn(2, 4, 7, generator=g), torch.randn(2, 4, 7, generator=g)
+    y3 = torch.randint(0, 7, (2, 4), generator=g)
+    assert kd_loss(s3, t3, y3, task="lm", temperature=2.0, alpha=0.5).isfinite()
+
+
+def test_int8_method_follows_the_model_type():
+    assert choose_method(build_model(*CASES["cnn"])[0]) == "static"
+    assert choose_method(build_model(*CASES["resnet"])[0]) == "static"
+    assert choose_method(build_model(*CASES["text_transformer"])[0]) == "dynamic"
+
+
+@pytest.mark.parametrize("name", ["cnn", "text_transformer"])
+def test_export_has_a_dynamic_batch_metadata_and_one_file(name, tmp_path):
+    cfg, info = CASES[name]
+    model, _ = build_model(cfg, info)
+    model.eval()
+    x = example_for(info, 32)
+    path = export_onnx(model, x, tmp_path / "m.onnx", artifact_meta("fp32", info, {"modality": info.modality}))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"], "weights inside the file, no temp left"
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == [INPUT_NAME]
+    assert [o.name for o in session.get_outputs()] == [OUTPUT_NAME]
+    meta = session.get_modelmeta().custom_metadata_map[META_KEY]
+    assert '"variant": "fp32"' in meta and '"input_dtype"' in meta
+    for batch in (1, 7, 32):  # exported at batch 2; other sizes must work
+        got = session.run(None, {INPUT_NAME: x[:batch].numpy()})[0]
+        assert np.abs(got - model(x[:batch]).detach().numpy()).max() < 1e-4
+    proto = onnx.load(str(path))
+    assert all(not n.metadata_props for n in proto.graph.node), "exporter debug records are dropped"
+
+
+def test_weight_only_int8_round_trip_error_is_half_a_step():
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).normal(size=(64, 32)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 32])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    assert weight_only_int8(proto) == ["w"]
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": np.zeros_like(w)})[0]
+    step = np.abs(w).max() / 127
+    assert np.abs(got - w).max() <= step / 2 + 1e-7
+    assert np.abs(got - w).max() > 0, "the table really is stored as int8"
+
+
+def test_static_int8_without_calibration_is_a_user_error(tmp_path):
+    cfg, info = CASES["cnn"]
+    model, _ = build_model(cfg, info)
+    path = export_onnx(model, example_for(info), tmp_path / "m.onnx", artifact_meta("fp32", info, {}))
+    with pytest.raises(UserError, match="calibration"):
+        quantize_onnx(path, tmp_path / "q.onnx", "static", artifact_meta("int8", info, {}), calibration=None)
+    assert not list(tmp_path.glob("q*")), "no partial output left behind"
