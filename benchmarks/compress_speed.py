@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 import trainforge
-from trainforge.compress.pipeline import CompressOptions, compress
+from trainforge.compression.pipeline import CompressOptions, compress
 
 TARGETS = {
     "digits_cnn": ["train.epochs=15"],

@@ -7,6 +7,7 @@ The Python API:
     result = trainforge.train(cfg, run_dir="runs/try")      # -> TrainResult(run_dir, status, steps, eval, ...)
     metrics = trainforge.evaluate("runs/try", split="test")  # -> dict (accuracy, macro_f1, ...)
     report = trainforge.plan(cfg, gpus=["h100-sxm"], num_gpus=[1, 8])   # -> dict, as `plan --json`
+    study = trainforge.tune("digits_cnn", "recipes/sweeps/digits_cnn.yaml", trials=20)  # -> dict, as `tune --json`
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from trainforge.config import Config, load_config
 from trainforge.errors import JobFailed, UserError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "plan", "__version__"]
+__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "plan", "tune", "__version__"]
 
 if TYPE_CHECKING:
     from trainforge.training.loop import TrainResult
@@ -42,3 +43,18 @@ def plan(config: Any = None, **kwargs: Any) -> dict:
 
     cfg = config if isinstance(config, Config) else load_config(config)
     return _plan(cfg, **kwargs)
+
+
+def tune(recipe: Any, space: Any, **kwargs: Any) -> dict:
+    """Hyperparameter search over a space file; see `trainforge.tune.api.tune` (trials=N is required)."""
+    from trainforge.tune.api import tune as _tune
+
+    return _tune(recipe, space, **kwargs)
+
+
+def compress(checkpoint: Any, out: Any = None, **options: Any) -> dict:
+    """Prune, fine-tune, quantize and export a checkpoint; options are `CompressOptions` fields
+    (prune, finetune_epochs, distill, quantize, int8_method, threads, ...). See `trainforge.compression`."""
+    from trainforge.compression.pipeline import CompressOptions, compress as _compress
+
+    return _compress(checkpoint, out, CompressOptions(**options))

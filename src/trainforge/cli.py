@@ -299,7 +299,7 @@ def gpus(
 
 def _register_stage_commands() -> None:
     """Each later stage keeps its commands in its own package (`<stage>/commands.py`, light imports only)."""
-    from trainforge.compress.commands import register as register_compress
+    from trainforge.compression.commands import register as register_compress
     from trainforge.jobs.commands import register as register_jobs
     from trainforge.tune.commands import register as register_tune
 

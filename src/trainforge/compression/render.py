@@ -41,15 +41,17 @@ def rich_table(doc: dict[str, Any]) -> Table:
     """The terminal's narrower table (p90, FLOPs and throughput are in compress.json and report.html)."""
     table = Table(title=f"compression ({doc['threads']} CPU thread(s); metric on {doc['test_samples']} test samples)",
                   box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
+    metric = "ppl" if doc.get("task") == "lm" else "acc"
     for i, name in enumerate(TERMINAL_COLUMNS):
-        table.add_column(name, justify="left" if i == 0 else "right", no_wrap=True)
+        table.add_column(metric if name == "metric" else name, justify="left" if i == 0 else "right", no_wrap=True)
     for r in rows(doc):
         table.add_row(r[0], r[11], r[3].replace(".0 ", " "), r[4], r[5].split()[0], r[6].split()[0], r[8], r[9], r[10])
     return table
 
 
 def report_section(doc: dict[str, Any]) -> str:
-    head = "".join(f"<th>{escape(c)}</th>" for c in COLUMNS)
+    metric = "perplexity" if doc.get("task") == "lm" else "test accuracy"
+    head = "".join(f"<th>{escape(metric if c == 'metric' else c)}</th>" for c in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r[:len(COLUMNS)]) + "</tr>" for r in rows(doc))
     notes = [f"Latency: onnxruntime on the CPU with {doc['threads']} thread(s), median (p90) of repeated runs; "
              f"metrics on the test split ({doc['test_samples']} samples)."]

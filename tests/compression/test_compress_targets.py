@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import trainforge
 from trainforge.cli import main
 
 pytestmark = pytest.mark.slow
@@ -65,7 +66,7 @@ def test_compress_meets_the_targets(fixture, method, request, tmp_path, capsys):
 
 def test_an_interrupted_compression_continues(digits_run, tmp_path, monkeypatch, capsys):
     """A crash after fine-tuning (here: in quantization) loses nothing: the rerun continues the same --out."""
-    import trainforge.compress.pipeline as pipeline
+    import trainforge.compression.pipeline as pipeline
 
     run = copy_run(digits_run, tmp_path)
     real = pipeline.quantize_onnx
@@ -81,7 +82,7 @@ def test_an_interrupted_compression_continues(digits_run, tmp_path, monkeypatch,
     assert not (out / "compress.json").exists()
 
     monkeypatch.setattr(pipeline, "quantize_onnx", real)
-    doc = pipeline.compress(run, options=pipeline.CompressOptions(prune=0.5, finetune_epochs=1, bench_s=0.05, progress=False))
+    doc = trainforge.compress(run, prune=0.5, finetune_epochs=1, bench_s=0.05, progress=False)  # the Python API
     assert [row["name"] for row in doc["variants"]] == NAMES
     steps_after = [json.loads(line)["step"] for line in (out / "finetune" / "metrics.jsonl").read_text().splitlines()]
     assert steps_after == steps_before, "the finished fine-tuning is not run again"

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from trainforge.compress.artifact import INPUT_NAME
+from trainforge.compression.artifact import INPUT_NAME
 
 
 def ort_session(path: Path, threads: int) -> Any:

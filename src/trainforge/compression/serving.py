@@ -4,7 +4,7 @@
     for name, x in read(["a.png", "b.png"]):                            # x: one sample, no batch dim
         ...
 
-One reader per modality, chosen from the artifact's metadata (`trainforge.compress.artifact`):
+One reader per modality, chosen from the artifact's metadata (`trainforge.compression.artifact`):
 - image: image files, read in [0, 1] by `trainforge.data.imageio.read_image` (as the imagefolder
   source reads them), scaled to the training `value_range` (lo + x * (hi - lo): digits' 0..16 ink
   counts), then normalized per channel;

@@ -1,6 +1,6 @@
-"""`trainforge.compress(...)`: a checkpoint in, deployable artifacts and a before/after table out.
+"""`trainforge.compression(...)`: a checkpoint in, deployable artifacts and a before/after table out.
 
-    doc = compress("runs/digits", CompressOptions(prune=0.5, distill=True))
+    doc = compress("runs/digits", options=CompressOptions(prune=0.5, distill=True))
     doc["variants"]   # fp32, pruned, int8, pruned+int8: params, bytes, latency, accuracy
 
 Stages, each optional: structured pruning + fine-tuning through the normal training loop (optionally
@@ -23,11 +23,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainforge.compress import bench
-from trainforge.compress.artifact import artifact_meta
-from trainforge.compress.export import export_onnx
-from trainforge.compress.prune import PruneResult, count, prune_model
-from trainforge.compress.quantize import INT8_METHODS, choose_method, quantize_onnx
+from trainforge.compression import bench
+from trainforge.compression.artifact import artifact_meta
+from trainforge.compression.export import export_onnx
+from trainforge.compression.prune import PruneResult, count, prune_model
+from trainforge.compression.quantize import INT8_METHODS, choose_method, quantize_onnx
 from trainforge.errors import UserError
 
 FILE_NAMES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
@@ -138,7 +138,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
                                  calibration=batches)
             variants.append(measure(name, path, n_params, n_flops, reference=reference))
     elif options.quantize.startswith("torchao"):
-        from trainforge.compress.torchao_quant import torchao_variant
+        from trainforge.compression.torchao_quant import torchao_variant
 
         log(f"quantizing Linear weights with {options.quantize}")
         variants.append(torchao_variant(model, options.quantize, test, teacher_logits, out_dir, params, flops,
@@ -158,7 +158,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     }
     (out_dir / "compress.json").write_text(json.dumps(doc, indent=1))
     if run_dir is not None:
-        from trainforge.compress.render import report_section
+        from trainforge.compression.render import report_section
         from trainforge.report import write_report
 
         doc["report"] = str(write_report(run_dir, extra_sections=[("Compression", report_section(doc))]))
@@ -248,7 +248,7 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
     ft_cfg = config_from_dict(d)
     loss = None
     if options.distill:
-        from trainforge.compress.distill import distillation_loss
+        from trainforge.compression.distill import distillation_loss
 
         loss = distillation_loss(copy.deepcopy(teacher), task=task,
                                  temperature=options.temperature, alpha=options.alpha)

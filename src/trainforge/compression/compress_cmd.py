@@ -1,4 +1,4 @@
-"""`trainforge compress CHECKPOINT ...`: the command-line face of `trainforge.compress.pipeline.compress`."""
+"""`trainforge compress CHECKPOINT ...`: the command-line face of `trainforge.compression.pipeline.compress`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +27,8 @@ def compress_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
     """Shrink a trained model for deployment: prune + fine-tune, int8, ONNX export; a before/after table."""
-    from trainforge.compress.pipeline import CompressOptions, compress
-    from trainforge.compress.render import rich_table
+    from trainforge.compression.pipeline import CompressOptions, compress
+    from trainforge.compression.render import rich_table
 
     options = CompressOptions(
         prune=prune, finetune_epochs=finetune_epochs, distill=distill, temperature=temperature, alpha=alpha,

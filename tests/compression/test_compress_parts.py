@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainforge.compress.artifact import INPUT_NAME, META_KEY, OUTPUT_NAME, artifact_meta
-from trainforge.compress.distill import kd_loss
-from trainforge.compress.export import export_onnx
-from trainforge.compress.prune import prune_model
-from trainforge.compress.quantize import choose_method, quantize_onnx, weight_only_int8
+from trainforge.compression.artifact import INPUT_NAME, META_KEY, OUTPUT_NAME, artifact_meta
+from trainforge.compression.distill import kd_loss
+from trainforge.compression.export import export_onnx
+from trainforge.compression.prune import prune_model
+from trainforge.compression.quantize import choose_method, quantize_onnx, weight_only_int8
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError

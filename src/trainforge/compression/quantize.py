@@ -21,8 +21,8 @@ from typing import Any, Iterable, Optional
 import numpy as np
 from torch import nn
 
-from trainforge.compress.artifact import INPUT_NAME, embed_meta
-from trainforge.compress.export import slim
+from trainforge.compression.artifact import INPUT_NAME, embed_meta
+from trainforge.compression.export import slim
 from trainforge.errors import UserError
 from trainforge.registry import Registry
 

@@ -22,9 +22,9 @@ from PIL import Image
 from torch import nn
 
 from trainforge.cli import main
-from trainforge.compress import artifact
-from trainforge.compress.predict import VARIANT_FILES, predict, rank, resolve_artifact, softmax
-from trainforge.compress.serving import READERS
+from trainforge.compression import artifact
+from trainforge.compression.predict import VARIANT_FILES, predict, rank, resolve_artifact, softmax
+from trainforge.compression.serving import READERS
 from trainforge.config import DataConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainforge.compress.artifact import INPUT_NAME, OUTPUT_NAME, embed_meta
+from trainforge.compression.artifact import INPUT_NAME, OUTPUT_NAME, embed_meta
 
 MAX_BATCH = 65536
 

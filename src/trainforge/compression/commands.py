@@ -14,7 +14,7 @@ from trainforge.console import out, print_json
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the `trainforge` app."""
-    from trainforge.compress.compress_cmd import compress_command
+    from trainforge.compression.compress_cmd import compress_command
 
     app.command("compress")(compress_command)
     app.command("predict")(_predict_command)
@@ -34,7 +34,7 @@ def _predict_command(
     from rich.table import Table
     from rich.text import Text
 
-    from trainforge.compress.predict import predict
+    from trainforge.compression.predict import predict
 
     result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads)
     if as_json:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainforge.compress.bench import latency_ms, task_metrics, timing_row
+from trainforge.compression.bench import latency_ms, task_metrics, timing_row
 from trainforge.errors import UserError
 
 CONFIGS = {"torchao-int8": "Int8WeightOnlyConfig", "torchao-float8": "Float8WeightOnlyConfig"}  # torchao.quantization
@@ -41,7 +41,7 @@ def quantize_linear_weights(model: nn.Module, kind: str, device: torch.device) -
 def torchao_variant(model: nn.Module, kind: str, test: Any, reference: np.ndarray, out_dir: Path, params: int,
                     flops: int, task: str, bench_s: float, device: Optional[str] = None) -> dict[str, Any]:
     """One row of the compression table for the torchao-quantized model (`reference`: fp32 test logits)."""
-    from trainforge.compress.pipeline import batch_of
+    from trainforge.compression.pipeline import batch_of
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     quantized = quantize_linear_weights(model, kind, dev)

@@ -1,13 +1,13 @@
 """Serve an exported artifact: onnxruntime + numpy only, no torch (`trainforge predict`).
 
-    from trainforge.compress.predict import predict
+    from trainforge.compression.predict import predict
     result = predict("runs/digits/compressed", ["seven.png", "three.png"], top_k=3)
     result["predictions"][0]   # {"input": "seven.png", "label": "7", "index": 7, "probability": 0.98,
                                #  "top": [["7", 0.98], ["1", 0.01], ["9", 0.004]]}
 
 ARTIFACT is an .onnx file written by `trainforge compress`, or the folder it wrote: then the most
 compressed variant there is served, in the order of `VARIANT_FILES`. The metadata inside the file
-(`trainforge.compress.artifact`) says how to turn the inputs into a batch (`trainforge.compress.serving`).
+(`trainforge.compression.artifact`) says how to turn the inputs into a batch (`trainforge.compression.serving`).
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from trainforge.compress.artifact import INPUT_NAME, OUTPUT_NAME, meta_from_session
-from trainforge.compress.serving import READERS, Sample
+from trainforge.compression.artifact import INPUT_NAME, OUTPUT_NAME, meta_from_session
+from trainforge.compression.serving import READERS, Sample
 from trainforge.errors import UserError
 
 # A compress output folder is served by its smallest, fastest variant first; pass a file to choose another.

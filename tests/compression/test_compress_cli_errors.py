@@ -53,7 +53,7 @@ def test_float8_without_a_gpu_is_a_user_error(digits_run, tmp_path, capsys):
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("a GPU is present: float8 runs (tests/compress/test_compress_torchao.py)")
+        pytest.skip("a GPU is present: float8 runs (tests/compression/test_compress_torchao.py)")
     with pytest.raises(SystemExit) as exit_info:
         main(["compress", str(digits_run), "--quantize", "torchao-float8", "--out", str(tmp_path / "o"),
               "--bench-seconds", "0.05"])
