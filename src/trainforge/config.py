@@ -255,15 +255,21 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         parts, value = parse_override(item)
-        node = raw
-        for i, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise UserError(f"{item}: {'.'.join(parts[: i + 1])} is not a section")
-            node = child
-        node[parts[-1]] = value
+        set_dotted(raw, parts, value, label=item)
+    return raw
+
+
+def set_dotted(raw: dict[str, Any], parts: list[str], value: Any, label: str) -> dict[str, Any]:
+    """raw[a][b][c] = value for parts [a, b, c], creating missing sections; `label` names the input in errors."""
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"{label}: {'.'.join(parts[: i + 1])} is not a section")
+        node = child
+    node[parts[-1]] = value
     return raw
 
 

@@ -1,7 +1,6 @@
 """Bad compress input: exit 2, one line naming the flag or file, nothing written."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

@@ -67,6 +67,24 @@ def task_metrics(logits: np.ndarray, labels: np.ndarray, task: str) -> dict[str,
     return {"accuracy": float((flat.argmax(axis=1) == y).mean()), "loss": loss}
 
 
+def variant_row(name: str, path: Path, runtime: str, params: int, flops: int, logits: np.ndarray, labels: np.ndarray,
+                task: str, reference: np.ndarray, timings: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """One row of the before/after table (`compress --json` "variants"); `reference`: the logits of the
+    PyTorch model the artifact came from, so max_abs_diff is the export error (fp32, pruned) or the
+    quantization error (int8)."""
+    return {
+        "name": name,
+        "path": str(path),
+        "runtime": runtime,
+        "params": int(params),
+        "flops": int(flops),
+        "bytes": path.stat().st_size,
+        **task_metrics(logits, labels, task),
+        "max_abs_diff": float(np.abs(logits - reference).max()),
+        **timing_row(timings),
+    }
+
+
 def timing_row(timings: dict[int, dict[str, float]]) -> dict[str, dict[str, float]]:
     """The table's latency fields from {batch size: latency_ms(...)}."""
     return {

@@ -175,23 +175,13 @@ class Measurer:
         self.log(f"measuring {name}: test split, latency at batch {', '.join(map(str, BENCH_BATCHES))}")
         session = bench.ort_session(path, self.options.threads)
         logits = bench.predict_all(session, self.test.inputs)
-        row: dict[str, Any] = {
-            "name": name,
-            "path": str(path),
-            "runtime": f"onnxruntime-cpu ({self.options.threads} thread{'s' if self.options.threads > 1 else ''})",
-            "params": int(params),
-            "flops": int(flops),
-            "bytes": path.stat().st_size,
-            **bench.task_metrics(logits, self.test.labels, self.task),
-            # against the PyTorch model the file came from: export error for fp32/pruned, int8 error otherwise
-            "max_abs_diff": float(np.abs(logits - reference).max()),
-        }
         timings = {}
         for b in BENCH_BATCHES:
             x = batch_of(self.test.inputs, b)
             timings[b] = bench.latency_ms(lambda: bench.run(session, x), budget_s=self.options.bench_s)
-        row.update(bench.timing_row(timings))
-        return row
+        threads = self.options.threads
+        runtime = f"onnxruntime-cpu ({threads} thread{'s' if threads > 1 else ''})"
+        return bench.variant_row(name, path, runtime, params, flops, logits, self.test.labels, self.task, reference, timings)
 
 
 def add_comparisons(variants: list[dict[str, Any]]) -> None:

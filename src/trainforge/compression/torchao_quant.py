@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trainforge.compression.bench import latency_ms, task_metrics, timing_row
+from trainforge.compression.bench import latency_ms, variant_row
 from trainforge.errors import UserError
 
 CONFIGS = {"torchao-int8": "Int8WeightOnlyConfig", "torchao-float8": "Float8WeightOnlyConfig"}  # torchao.quantization
@@ -61,14 +61,4 @@ def torchao_variant(model: nn.Module, kind: str, test: Any, reference: np.ndarra
             sync()
 
         timings[b] = latency_ms(call, budget_s=bench_s)
-    return {
-        "name": kind,
-        "path": str(path),
-        "runtime": f"torch-{dev.type}",
-        "params": int(params),
-        "flops": int(flops),
-        "bytes": path.stat().st_size,
-        **task_metrics(logits, test.labels, task),
-        "max_abs_diff": float(np.abs(logits - reference).max()),
-        **timing_row(timings),
-    }
+    return variant_row(kind, path, f"torch-{dev.type}", params, flops, logits, test.labels, task, reference, timings)
