@@ -17,7 +17,7 @@ from trainforge.config import Config, load_config
 from trainforge.errors import JobFailed, UserError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "plan", "tune", "__version__"]
+__all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate", "plan", "tune", "compress", "__version__"]
 
 if TYPE_CHECKING:
     from trainforge.training.loop import TrainResult
@@ -46,8 +46,8 @@ def plan(config: Any = None, **kwargs: Any) -> dict:
 
 
 def tune(recipe: Any, space: Any, **kwargs: Any) -> dict:
-    """Hyperparameter search over a space file; see `trainforge.tune.api.tune` (trials=N is required)."""
-    from trainforge.tune.api import tune as _tune
+    """Hyperparameter search over a space file; see `trainforge.tuning.api.tune` (trials=N is required)."""
+    from trainforge.tuning.api import tune as _tune
 
     return _tune(recipe, space, **kwargs)
 

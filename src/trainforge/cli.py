@@ -301,7 +301,7 @@ def _register_stage_commands() -> None:
     """Each later stage keeps its commands in its own package (`<stage>/commands.py`, light imports only)."""
     from trainforge.compression.commands import register as register_compress
     from trainforge.jobs.commands import register as register_jobs
-    from trainforge.tune.commands import register as register_tune
+    from trainforge.tuning.commands import register as register_tune
 
     for register in (register_tune, register_compress, register_jobs):
         register(app)

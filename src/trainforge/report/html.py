@@ -69,10 +69,10 @@ def write_report(run_dir: Path, extra_sections: Sequence[tuple[str, str]] = ()) 
     for i, (title, body) in enumerate(extra_sections):
         sections.append((f"extra-{i}", title, body))
 
-    page = _page(run_dir.name, sections)
+    html_text = page(run_dir.name, sections)
     path = run_dir / REPORT_NAME
     tmp = run_dir / f".{REPORT_NAME}.tmp"
-    tmp.write_text(page, encoding="utf-8")
+    tmp.write_text(html_text, encoding="utf-8")
     os.replace(tmp, path)  # a reader never sees half a report
     return path
 
@@ -112,36 +112,36 @@ def _read_text(path: Path) -> tuple[Optional[str], Optional[str]]:
 # ---------------------------------------------------------------- sections
 
 
-def _eval_section(eval_json: Optional[dict], note: Optional[str]) -> str:
+def _eval_section(eval_json: Optional[dict], missing: Optional[str]) -> str:
     if eval_json is None:
-        return _note(note or "No evaluation results.")
+        return note(missing or "No evaluation results.")
     scalars = {k: v for k, v in eval_json.items() if _is_scalar(v)}
     if not scalars:
-        return _note("eval.json has no scalar metrics.")
-    return _key_value_table(scalars)
+        return note("eval.json has no scalar metrics.")
+    return key_value_table(scalars)
 
 
-def _curves_section(rows: list[dict], note: Optional[str]) -> str:
-    if note is not None:
-        return _note(note)
+def _curves_section(rows: list[dict], missing: Optional[str]) -> str:
+    if missing is not None:
+        return note(missing)
     charts = training_charts(rows)
     if not charts:
-        return _note("metrics.jsonl has no plottable values.")
-    return "\n".join(_figure(title, png) for title, png in charts)
+        return note("metrics.jsonl has no plottable values.")
+    return "\n".join(figure(title, png) for title, png in charts)
 
 
 def _confusion_section(eval_json: dict) -> str:
     try:
         counts = np.asarray(eval_json["confusion_matrix"], dtype=np.int64)
     except (TypeError, ValueError):
-        return _note("confusion_matrix in eval.json is not a matrix of counts.")
+        return note("confusion_matrix in eval.json is not a matrix of counts.")
     if counts.ndim != 2 or counts.shape[0] != counts.shape[1] or counts.shape[0] == 0:
-        return _note(f"confusion_matrix in eval.json has shape {counts.shape}; expected square.")
+        return note(f"confusion_matrix in eval.json has shape {counts.shape}; expected square.")
     n = counts.shape[0]
     names = eval_json.get("class_names")
     if not isinstance(names, list) or len(names) != n:
         names = [str(i) for i in range(n)]  # label by index rather than drop the plot
-    return _figure("Confusion matrix (rows: true class, columns: predicted class)",
+    return figure("Confusion matrix (rows: true class, columns: predicted class)",
                    confusion_matrix_png(counts, [str(x) for x in names]))
 
 
@@ -156,24 +156,24 @@ def _per_class_table(per_class: Mapping[str, Any]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-def _data_section(data_report: Optional[dict], note: Optional[str]) -> str:
+def _data_section(data_report: Optional[dict], missing: Optional[str]) -> str:
     if data_report is None:
-        return _note(note or "No data report.")
+        return note(missing or "No data report.")
     # The data report's keys belong to the data stage (rows read/kept, drops by reason, split
     # sizes, normalization stats); render whatever it holds as nested key/value tables.
-    return _key_value_table(data_report)
+    return key_value_table(data_report)
 
 
-def _config_section(config_text: Optional[str], note: Optional[str]) -> str:
+def _config_section(config_text: Optional[str], missing: Optional[str]) -> str:
     if config_text is None:
-        return _note(note or "No config.")
+        return note(missing or "No config.")
     return f"<pre>{escape(config_text)}</pre>"
 
 
 # ---------------------------------------------------------------- html helpers
 
 
-def _page(run_name: str, sections: list[tuple[str, str, str]]) -> str:
+def page(run_name: str, sections: list[tuple[str, str, str]]) -> str:
     nav = "".join(f'<a href="#{sid}">{escape(title)}</a>' for sid, title, _ in sections)
     body = "\n".join(
         f'<section id="{sid}">\n<h2>{escape(title)}</h2>\n{html}\n</section>' for sid, title, html in sections
@@ -186,16 +186,16 @@ def _page(run_name: str, sections: list[tuple[str, str, str]]) -> str:
     )
 
 
-def _figure(title: str, png: bytes) -> str:
+def figure(title: str, png: bytes) -> str:
     data = base64.b64encode(png).decode("ascii")
     return f'<figure><img alt="{escape(title)}" src="data:image/png;base64,{data}"></figure>'
 
 
-def _key_value_table(mapping: Mapping[str, Any]) -> str:
+def key_value_table(mapping: Mapping[str, Any]) -> str:
     rows = []
     for key, value in mapping.items():
         if isinstance(value, Mapping):
-            cell = f"<td>{_key_value_table(value) if value else ''}</td>"
+            cell = f"<td>{key_value_table(value) if value else ''}</td>"
         else:
             cell = _value_cell(value)
         rows.append(f"<tr><th>{escape(str(key))}</th>{cell}</tr>")
@@ -230,5 +230,5 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
-def _note(text: str) -> str:
+def note(text: str) -> str:
     return f'<p class="note">{escape(text)}</p>'

@@ -1,1 +1,0 @@
-"""Hyperparameter search with Optuna: search spaces, studies, parallel trials."""
