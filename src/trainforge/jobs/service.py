@@ -1,0 +1,371 @@
+"""The queue itself: admission, scheduling, job processes, restarts, cancel, and reconcile after a restart.
+
+    service = JobService(Store(url), parse_slots("cpu:4", 4), state_dir="runs/server")
+    service.start()                        # reconcile with reality, then a background loop every poll_s
+    job = service.submit(recipe="digits_cnn", overrides=["train.max_steps=50"])
+    service.cancel(job.id)
+    service.stop()                         # the loop stops; running jobs keep running (a restart adopts them)
+
+One loop thread does every state change of running jobs (watch, then schedule) under one lock, so a job
+is started at most once. Submissions are validated and sized (`admission.admit`, a planner simulation)
+on a separate worker thread, so the HTTP API stays responsive while a big model is simulated.
+
+Reconcile (on start): a job the table calls running whose process is still alive and ours is adopted and
+watched; one whose process is gone is judged from what it left (the wrapper's exit.json, the run
+directory's final model), then marked succeeded or requeued with --resume auto, like any ended attempt.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from trainforge.errors import UserError
+from trainforge.jobs import runner
+from trainforge.jobs.admission import Admitted, admit
+from trainforge.jobs.progress import progress
+from trainforge.jobs.scheduler import Pending, Placed, assign, never_fits
+from trainforge.jobs.slots import Slot
+from trainforge.jobs.store import FINAL_STATES, Job, Store
+
+log = logging.getLogger("trainforge.jobs")
+
+CANCEL_GRACE_S = 60.0  # SIGTERM, then SIGKILL if the trainer has not checkpointed and exited by then
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Submission:
+    recipe: str
+    recipe_yaml: Optional[str] = None
+    overrides: tuple[str, ...] = ()
+    num_gpus: int = 1
+    priority: int = 0
+    max_restarts: int = 0
+
+
+class JobService:
+    def __init__(self, store: Store, slots: Sequence[Slot], state_dir: Path, *, poll_s: float = 0.5,
+                 cancel_grace_s: float = CANCEL_GRACE_S, python: str = sys.executable,
+                 env: Optional[dict[str, str]] = None) -> None:
+        if not slots:
+            raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
+        self.store = store
+        self.slots = list(slots)
+        self.slot_by_id = {s.id: s for s in self.slots}
+        self.state_dir = Path(state_dir).resolve()
+        self.poll_s = poll_s
+        self.cancel_grace_s = cancel_grace_s
+        self.python = python
+        self.env = dict(os.environ if env is None else env)
+        self._lock = threading.RLock()
+        self._popens: dict[int, subprocess.Popen] = {}
+        self._cancel_deadline: dict[int, float] = {}
+        self._admitted: dict[tuple, Admitted] = {}
+        self._final_progress: dict[int, dict[str, Any]] = {}
+        self._admit_pool = ThreadPoolExecutor(1, thread_name_prefix="trainforge-admit")
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------ paths and views
+
+    def paths(self, job_id: int) -> runner.JobPaths:
+        return runner.JobPaths(self.state_dir / "jobs" / str(job_id))
+
+    def get(self, job_id: int) -> Job:
+        job = self.store.get(job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        return job
+
+    def _progress(self, job: Job) -> dict[str, Any]:
+        """Step, total and ETA from metrics.jsonl; remembered once the job has ended (its file no longer changes)."""
+        if job.state not in FINAL_STATES:
+            return progress(Path(job.run_dir), job.total_steps)
+        if job.id not in self._final_progress:
+            self._final_progress[job.id] = progress(Path(job.run_dir), job.total_steps)
+        return self._final_progress[job.id]
+
+    def view(self, job: Job, *, detail: bool = False) -> dict[str, Any]:
+        """A job as the API shows it; `gpus` are the slot ids of its current (or last) attempt."""
+        doc = {
+            "id": job.id, "name": job.name, "state": job.state, "gpus": list(job.slots), "restarts": job.restarts,
+            "run_dir": job.run_dir, "num_gpus": job.num_gpus, "priority": job.priority,
+            "max_restarts": job.max_restarts, "attempt": job.attempt, "recipe": job.recipe,
+            "overrides": list(job.overrides), "memory_bytes": job.memory_bytes, "reason": job.reason,
+            "cancel_requested": job.cancel_requested, "submitted_at": job.submitted_at,
+            "started_at": job.started_at, "finished_at": job.finished_at, "pid": job.pid,
+            "progress": self._progress(job),
+        }
+        if detail:
+            doc["config_yaml"] = job.config_yaml
+            doc["log_path"] = job.log_path
+        return doc
+
+    # ------------------------------------------------------------ submit and cancel (any thread)
+
+    def submit(self, sub: Submission) -> Job:
+        """Validate, size and queue a job (blocking: runs the planner); UserError when it is bad or can never fit."""
+        key = (sub.recipe, sub.recipe_yaml, tuple(sub.overrides), sub.num_gpus)
+        if sub.num_gpus < 1:
+            raise UserError(f"--gpus: expected 1 or more GPUs per job, got {sub.num_gpus}")
+        if sub.max_restarts < 0:
+            raise UserError(f"--max-restarts: expected 0 or more, got {sub.max_restarts}")
+        admitted = self._admitted.get(key)
+        if admitted is None:
+            admitted = admit(recipe=sub.recipe, recipe_yaml=sub.recipe_yaml, overrides=list(sub.overrides),
+                             num_gpus=sub.num_gpus, slots=self.slots)
+            self._admitted[key] = admitted
+        job = self.store.create(
+            job_dir_for=lambda i: str(self.paths(i).job_dir), name=admitted.name, recipe=sub.recipe,
+            overrides=list(sub.overrides), config_yaml=admitted.config_yaml, num_gpus=sub.num_gpus,
+            priority=sub.priority, max_restarts=sub.max_restarts, memory_bytes=admitted.memory_bytes,
+            total_steps=admitted.total_steps,
+        )
+        log.info("job %d queued: %s (%.1f MiB per device, priority %d)", job.id, job.name,
+                 job.memory_bytes / 2**20, job.priority)
+        return job
+
+    async def submit_async(self, sub: Submission) -> Job:
+        """`submit` on the admission thread, so the event loop keeps answering while the planner runs."""
+        return await asyncio.get_running_loop().run_in_executor(self._admit_pool, partial(self.submit, sub))
+
+    def cancel(self, job_id: int) -> Job:
+        """Queued: cancelled now. Running: SIGTERM to its process group (the trainer checkpoints and exits);
+        the job turns cancelled when the process has ended (SIGKILL after cancel_grace_s)."""
+        with self._lock:
+            job = self.get(job_id)
+            if job.state == "queued":
+                self.store.finish(job_id, "cancelled", "cancelled by the user")
+            elif job.state == "running":
+                self.store.request_cancel(job_id)
+                if job.pid:
+                    runner.signal_job(job.pid, signal.SIGTERM)
+                self._cancel_deadline[job_id] = time.monotonic() + self.cancel_grace_s
+                self._note(job_id, "cancel requested: SIGTERM sent to the job's processes")
+            return self.get(job_id)
+
+    # ------------------------------------------------------------ the loop
+
+    def start(self) -> None:
+        self.reconcile()
+        self._admit_pool.submit(_warm_up)  # the first submission need not wait for torch and the planner to import
+        self._thread = threading.Thread(target=self._loop, name="trainforge-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._admit_pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - one bad tick (a database hiccup) must not stop the queue
+                log.exception("scheduler tick failed; retrying")
+            self._stop.wait(self.poll_s)
+
+    def tick(self) -> None:
+        """Watch running jobs (ended? cancel overdue?), then start what fits."""
+        with self._lock:
+            for job in self.store.running():
+                self._watch(job)
+            self._schedule()
+
+    def reconcile(self) -> None:
+        """Make the table agree with the processes that exist, before anything new is started."""
+        with self._lock:
+            for job in self.store.running():
+                paths = self.paths(job.id)
+                if job.pid and runner.is_ours(job.pid, job.pid_start_ticks, paths.run_dir):
+                    self._note(job.id, f"adopted by a restarted server (pid {job.pid})")
+                    continue
+                if self._readopt(job):
+                    continue
+                if job.pid is None and runner.read_exit(paths, job.attempt) is None:
+                    # claimed but never started (the server died in between): no attempt to count
+                    self.store.requeue(job.id, job.reason, count_restart=False, resume=job.resume)
+                    continue
+                self._ended(job, None)
+
+    def _readopt(self, job: Job) -> bool:
+        """Another live process of the job (e.g. started just before a crash): watch that one."""
+        pids = runner.job_processes(self.paths(job.id).run_dir)
+        if not pids:
+            return False
+        leader = next((p for p in pids if _pgid(p) == p), pids[0])
+        self.store.set_process(job.id, leader, runner.start_ticks(leader))
+        self._note(job.id, f"adopted process {leader} of this job")
+        return True
+
+    def _watch(self, job: Job) -> None:
+        popen = self._popens.get(job.id)
+        if popen is not None:
+            alive = popen.poll() is None
+        else:
+            alive = runner.is_ours(job.pid, job.pid_start_ticks, self.paths(job.id).run_dir)
+            if not alive and self._readopt(job):
+                return
+        if alive:
+            if job.cancel_requested:
+                self._push_cancel(job)
+            return
+        wrapper_rc = popen.returncode if popen is not None else None
+        self._ended(job, wrapper_rc)
+
+    def _push_cancel(self, job: Job) -> None:
+        deadline = self._cancel_deadline.get(job.id)
+        if deadline is None:  # requested before a server restart: ask again
+            runner.signal_job(job.pid, signal.SIGTERM)
+            self._cancel_deadline[job.id] = time.monotonic() + self.cancel_grace_s
+        elif time.monotonic() > deadline:
+            self._note(job.id, f"no exit {self.cancel_grace_s:.0f} s after SIGTERM: SIGKILL")
+            runner.signal_job(job.pid, signal.SIGKILL)
+            self._cancel_deadline[job.id] = time.monotonic() + self.cancel_grace_s
+
+    def _ended(self, job: Job, wrapper_rc: Optional[int]) -> None:
+        """An attempt is over: decide succeeded / cancelled / restart / failed."""
+        paths = self.paths(job.id)
+        self._popens.pop(job.id, None)
+        self._cancel_deadline.pop(job.id, None)
+        runner.kill_leftovers(paths.run_dir)  # e.g. an orphaned torchrun worker: never two attempts at once
+        rc = runner.read_exit(paths, job.attempt)
+        if rc is None and wrapper_rc is not None and wrapper_rc < 0:
+            rc = wrapper_rc  # the wrapper itself was killed (and took the trainer with it)
+        outcome = runner.judge(rc, complete=runner.run_complete(paths.run_dir), cancel_requested=job.cancel_requested,
+                               restarts=job.restarts, max_restarts=job.max_restarts,
+                               last_line=runner.last_log_line(paths.log))
+        if outcome.state == "queued":
+            self.store.requeue(job.id, outcome.reason)
+            self._note(job.id, f"attempt {job.attempt} ended: {outcome.reason}; restart {job.restarts + 1} of "
+                               f"{job.max_restarts} with --resume auto")
+            log.warning("job %d: %s; requeued (restart %d of %d)", job.id, outcome.reason, job.restarts + 1, job.max_restarts)
+        else:
+            self.store.finish(job.id, outcome.state, outcome.reason)
+            self._note(job.id, f"attempt {job.attempt} ended: {outcome.state}" + (f" ({outcome.reason})" if outcome.reason else ""))
+            log.info("job %d %s%s", job.id, outcome.state, f": {outcome.reason}" if outcome.reason else "")
+
+    def _schedule(self) -> None:
+        queued = self.store.queued()
+        if not queued:
+            return
+        capacity = {s.id: s.memory_bytes for s in self.slots}
+        for job in list(queued):  # queued under a server with larger slots: it would block the queue forever
+            reason = never_fits(capacity, job.memory_bytes, job.num_gpus)
+            if reason:
+                self.store.finish(job.id, "failed", f"cannot run on this server's slots: {reason}")
+                queued.remove(job)
+        running = [Placed(tuple(j.slots), j.memory_bytes) for j in self.store.running()]
+        pending = [Pending(j.id, j.priority, j.num_gpus, j.memory_bytes) for j in queued]
+        for job_id, slot_ids in assign(pending, capacity, running):
+            if self.store.claim(job_id, slot_ids):
+                self._launch(self.get(job_id))
+
+    def _launch(self, job: Job) -> None:
+        paths = self.paths(job.id)
+        slots = [self.slot_by_id[s] for s in job.slots]
+        try:
+            paths.job_dir.mkdir(parents=True, exist_ok=True)
+            _write_atomic(paths.recipe, job.config_yaml)  # what was accepted, whatever a stale directory holds
+            runner.kill_leftovers(paths.run_dir)
+            argv = runner.train_argv(self.python, paths, slots, resume=job.resume)
+            header = (f"attempt {job.attempt} on {', '.join(job.slots)} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                      f"{' '.join(argv[1:])}")
+            popen = runner.start_attempt(paths, runner.wrapped_argv(self.python, paths, job.attempt, argv),
+                                         runner.job_env(self.env, slots), header)
+        except OSError as e:
+            self.store.finish(job.id, "failed", f"cannot start the job's process: {e}")
+            log.error("job %d: cannot start: %s", job.id, e)
+            return
+        self._popens[job.id] = popen
+        self.store.set_process(job.id, popen.pid, runner.start_ticks(popen.pid))
+        log.info("job %d attempt %d started on %s (pid %d)", job.id, job.attempt, ",".join(job.slots), popen.pid)
+
+    def _note(self, job_id: int, text: str) -> None:
+        """A line from the server in the job's log (the log tells the job's whole story)."""
+        try:
+            path = self.paths(job_id).log
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"{runner.LOG_HEADER} {text}\n")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------ the slots as the dashboard shows them
+
+    def slot_views(self) -> list[dict[str, Any]]:
+        from trainforge.jobs.slots import gpu_stats
+
+        stats = gpu_stats() if any(s.kind == "gpu" for s in self.slots) else None
+        running = self.store.running()
+        views = []
+        for slot in self.slots:
+            jobs = [j for j in running if slot.id in j.slots]
+            live = (stats or {}).get(slot.index) if slot.index is not None else None
+            views.append({**slot.to_dict(), "reserved_bytes": sum(j.memory_bytes for j in jobs),
+                          "jobs": [{"id": j.id, "name": j.name, "memory_bytes": j.memory_bytes} for j in jobs],
+                          "live": live})
+        return views
+
+
+def _warm_up() -> None:
+    from trainforge.planning import plan
+    from trainforge.training import api
+
+    del plan, api  # imported for their import time only
+
+
+def _pgid(pid: int) -> Optional[int]:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class StateDirLock:
+    """One server per state directory: an exclusive flock on <state>/server.lock, released when the process
+    dies however it dies (the file descriptor is not inherited by job processes)."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / "server.lock"
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"--state-dir: {self.path.parent} is in use by another trainforge server; stop it or "
+                            "pick another --state-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

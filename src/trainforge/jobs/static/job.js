@@ -1,0 +1,76 @@
+// The job page: loss and metric curves from /api/jobs/ID/metrics, the log tail from /api/jobs/ID/logs,
+// polled every 2 s until the job has ended.
+"use strict";
+(function () {
+  const root = document.getElementById("job");
+  const id = root.getAttribute("data-job-id");
+  const logEl = document.getElementById("log");
+  let logOffset = null;
+  let timer = null;
+
+  function pts(rows, key) {
+    return rows.filter((r) => typeof r[key] === "number").map((r) => [r.step, r[key]]);
+  }
+
+  async function refreshMetrics() {
+    const m = await tf.getJSON("/api/jobs/" + id + "/metrics");
+    tfChart.draw(document.getElementById("chart-loss"), [
+      { name: "train loss", points: pts(m.train, "loss") },
+      { name: "val loss", points: pts(m.val, "loss") },
+    ]);
+    const key = ["accuracy", "macro_f1", "perplexity"].find((k) => m.val.some((r) => typeof r[k] === "number"));
+    if (key) {
+      document.getElementById("metric-caption").textContent = "validation " + key;
+      const series = [{ name: "val " + key, points: pts(m.val, key) }];
+      if (key === "accuracy" && m.val.some((r) => typeof r.macro_f1 === "number")) {
+        series.push({ name: "val macro_f1", points: pts(m.val, "macro_f1") });
+      }
+      tfChart.draw(document.getElementById("chart-metric"), series);
+    } else {
+      tfChart.draw(document.getElementById("chart-metric"), []);
+    }
+    const p = m.progress;
+    document.getElementById("job-progress").textContent = p.step + (p.total_steps ? "/" + p.total_steps : "");
+  }
+
+  async function refreshJob() {
+    const job = await tf.getJSON("/api/jobs/" + id);
+    const st = document.getElementById("job-state");
+    st.textContent = job.state;
+    st.className = "state state-" + job.state;
+    document.getElementById("job-gpus").textContent = job.gpus.join(",");
+    document.getElementById("job-restarts").textContent = job.restarts + " of " + job.max_restarts;
+    document.getElementById("job-reason").textContent = job.reason || "";
+    document.getElementById("job-eta").textContent = job.state === "running" ? tf.duration(job.progress.eta_s) : "";
+    document.getElementById("cancel").disabled = tf.final(job.state) || job.cancel_requested;
+    return job;
+  }
+
+  async function refreshLog() {
+    if (logOffset === null) {  // start from the tail the page was rendered with
+      const r = await tf.getJSON("/api/jobs/" + id + "/logs?offset=-20000");
+      logEl.textContent = r.text;
+      logOffset = r.offset;
+    } else {
+      const r = await tf.getJSON("/api/jobs/" + id + "/logs?offset=" + logOffset);
+      if (r.text) {
+        logEl.textContent = (logEl.textContent + r.text).slice(-200000);
+        logEl.scrollTop = logEl.scrollHeight;
+      }
+      logOffset = r.offset;
+    }
+  }
+
+  async function tick() {
+    try {
+      const job = await refreshJob();
+      await refreshMetrics();
+      await refreshLog();
+      if (tf.final(job.state) && timer !== null) { clearInterval(timer); timer = null; }
+    } catch (e) { /* the server restarting: try again on the next tick */ }
+  }
+
+  document.getElementById("cancel").addEventListener("click", () => tf.postJSON("/api/jobs/" + id + "/cancel").then(tick));
+  tick();
+  timer = setInterval(tick, 2000);
+})();

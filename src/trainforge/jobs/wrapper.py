@@ -1,0 +1,70 @@
+"""The parent of one job attempt: runs the trainer and records how it ended, even if the server is gone.
+
+    python -m trainforge.jobs.wrapper --exit-file JOB/exit.json --attempt 3 -- python -m trainforge train ...
+
+It leads the job's process group (the server starts it with start_new_session), so a cancel's SIGTERM to
+the group reaches the trainer directly; the wrapper itself ignores SIGTERM/SIGINT/SIGHUP and keeps waiting
+for the trainer's checkpoint. If the wrapper is SIGKILLed, the kernel SIGKILLs the trainer too
+(PR_SET_PDEATHSIG), so no trainer ever runs unsupervised next to a restarted attempt.
+Exit status: the trainer's code, or 128+N when signal N killed it.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent():
+    """A preexec_fn: SIGKILL this child when its parent (the wrapper) dies; None where prctl is missing."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: preexec_fn must not import
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the wrapper died between fork and prctl
+            os._exit(128 + signal.SIGKILL)
+
+    return preexec
+
+
+def _write_exit(path: str, attempt: int, returncode: int) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"attempt": attempt, "returncode": returncode}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        sep = args.index("--")
+        opts, command = args[:sep], args[sep + 1:]
+        exit_file = opts[opts.index("--exit-file") + 1]
+        attempt = int(opts[opts.index("--attempt") + 1])
+    except (ValueError, IndexError):
+        print("usage: python -m trainforge.jobs.wrapper --exit-file PATH --attempt N -- COMMAND...", file=sys.stderr)
+        return 2
+    if not command:
+        print("wrapper: no command given", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        # a Python handler, not SIG_IGN: the child's dispositions reset to default at exec
+        signal.signal(sig, lambda *_: None)
+    proc = subprocess.Popen(command, preexec_fn=_die_with_parent(), close_fds=True)
+    returncode = proc.wait()  # PEP 475: retried when a signal interrupts it
+    _write_exit(exit_file, attempt, returncode)
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

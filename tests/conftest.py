@@ -1,0 +1,20 @@
+"""Fixtures shared across test folders."""
+from __future__ import annotations
+
+import pytest
+
+from postgres_server import Postgres, postgres_bin
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A real PostgreSQL server for the session, started here (initdb + pg_ctl on a free port)."""
+    bindir = postgres_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed; "
+                    "apt-get install postgresql (.ci/run does) to run the PostgreSQL tests")
+    server = Postgres(bindir).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()

@@ -1,0 +1,128 @@
+"""Shared helpers for the job-queue tests: tiny job overrides, waiting, a live server, PostgreSQL."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from postgres_server import free_port  # noqa: F401  (tests import it from here)
+
+# A digits run of a few seconds: checkpoints often so a kill loses little and a resume has something to use.
+QUICK = [
+    "train.max_steps=20",
+    "train.eval_every_steps=10",
+    "train.checkpoint_every_steps=4",
+    "train.log_every_steps=2",
+    "log.progress=false",
+    "log.tensorboard=false",
+    "data.num_workers=0",
+    "train.early_stopping=null",  # the recipe's early stopping would end long test jobs early
+]
+
+
+def with_steps(steps: int, overrides: list[str] = QUICK) -> list[str]:
+    return [o for o in overrides if not o.startswith("train.max_steps=")] + [f"train.max_steps={steps}"]
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest_checkpoint_step(run_dir: Path) -> int:
+    try:
+        return int((Path(run_dir) / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    except (OSError, ValueError):
+        return -1
+
+
+def trainer_pid(job_dir: Path) -> Optional[int]:
+    """The live `trainforge train` process of a job (the wrapper's child), if any."""
+    from trainforge.jobs.runner import cmdline, job_processes
+
+    for pid in job_processes(Path(job_dir) / "run"):
+        argv = cmdline(pid)
+        if "trainforge.jobs.wrapper" not in argv and "train" in argv:
+            return pid
+    return None
+
+
+class LiveServer:
+    """The real app on a real port, served by uvicorn in a thread of the test process."""
+
+    def __init__(self, service, token: Optional[str] = None) -> None:
+        import uvicorn
+
+        from trainforge.jobs.server import create_app
+
+        self.service = service
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(create_app(service, token=token), host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        wait_for(lambda: self.server.started, 30, "the test server to start", 0.05)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        stop_all_jobs(self.service)
+
+
+def stop_all_jobs(service) -> None:
+    """Leave no job process behind a test."""
+    from trainforge.jobs.runner import kill_leftovers
+
+    jobs_root = service.state_dir / "jobs"
+    if jobs_root.is_dir():
+        for job_dir in jobs_root.iterdir():
+            kill_leftovers(job_dir / "run")
+    for popen in list(service._popens.values()):
+        popen.wait(timeout=10)
+
+
+def quick_job_bytes(overrides: list[str] = QUICK) -> int:
+    """The planner's peak for a QUICK digits job on a CPU slot: what the scheduler reserves for it."""
+    from trainforge.jobs.admission import admit
+    from trainforge.jobs.slots import Slot
+
+    return admit(recipe="digits_cnn", recipe_yaml=None, overrides=overrides, num_gpus=1,
+                 slots=[Slot("cpu0", "cpu", "cpu", 2**40, 2**40)]).memory_bytes
+
+
+def make_service(tmp_path: Path, slots: str = "cpu:2", slot_memory_gb: float = 1.0, **kwargs):
+    from trainforge.jobs.service import JobService
+    from trainforge.jobs.slots import parse_slots
+    from trainforge.jobs.store import Store, sqlite_url
+
+    state = tmp_path / "state"
+    store = Store(sqlite_url(tmp_path / "jobs.db"))
+    return JobService(store, parse_slots(slots, slot_memory_gb), state, poll_s=0.2, **kwargs)
+
+
+def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False

@@ -1,0 +1,83 @@
+"""The dashboard in headless Chromium (Debian's chromium + chromedriver, driven by Selenium): submit a job
+through the page's form, watch it reach `succeeded`, and see its loss curve drawn as an SVG path."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from jobs_helpers import QUICK, LiveServer, make_service
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver); "
+           "apt-get install chromium chromium-driver (.ci/run does)",
+)
+
+
+@pytest.fixture
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="trainforge-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)  # with the driver path below, Selenium Manager downloads nothing
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 f"--user-data-dir={profile}", "--window-size=1280,1000"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_submit_through_the_page_and_watch_the_curves(tmp_path, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    with LiveServer(make_service(tmp_path, "cpu:2")) as server:
+        browser.get(server.url + "/")
+        Select(browser.find_element(By.ID, "recipe")).select_by_value("digits_cnn")
+        browser.find_element(By.ID, "overrides").send_keys("\n".join(QUICK))
+        browser.find_element(By.ID, "max_restarts").clear()
+        browser.find_element(By.ID, "max_restarts").send_keys("1")
+        browser.find_element(By.ID, "submit").click()
+        wait = WebDriverWait(browser, 120, poll_frequency=0.3)
+        wait.until(lambda d: d.find_element(By.ID, "submit-status").get_attribute("data-job-id") == "1")
+        assert server.service.store.get(1).max_restarts == 1  # the form's fields reached the job
+
+        # the table refreshes itself: the row appears, then turns succeeded
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#jobs tr[data-job-id="1"][data-state="succeeded"]'))
+        row = browser.find_element(By.CSS_SELECTOR, '#jobs tr[data-job-id="1"]')
+        assert "20/20" in row.text and "cpu0" in row.text
+
+        row.find_element(By.LINK_TEXT, "1").click()
+        wait.until(lambda d: d.find_element(By.ID, "job-state").text == "succeeded")
+        path = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '#chart-loss path.series[data-series="train loss"]'))
+        assert int(path.get_attribute("data-points")) >= 5  # train rows every 2 of 20 steps
+        assert path.get_attribute("d").count("L") >= 4
+        metric = browser.find_element(By.CSS_SELECTOR, '#chart-metric path.series[data-series="val accuracy"]')
+        assert int(metric.get_attribute("data-points")) == 2  # evaluations at steps 10 and 20
+        wait.until(lambda d: "test accuracy" in d.find_element(By.ID, "log").text)
+        assert "max_steps: 20" in browser.find_element(By.ID, "config").text
+
+        browser.get(server.url + "/gpus")
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#slots tr[data-slot-id="cpu1"]'))
+        assert "1024.0 MiB" in browser.find_element(By.ID, "slots").text
+
+        # a bad submission shows the server's one-line reason on the page
+        browser.get(server.url + "/")
+        browser.find_element(By.ID, "overrides").send_keys("optim.lr=fast")
+        browser.find_element(By.ID, "submit").click()
+        wait.until(lambda d: "optim.lr: expected a number" in d.find_element(By.ID, "submit-status").text)
