@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,14 @@ def text_run(tmp_path_factory) -> Path:
     trainforge.train("textcls_transformer", overrides=["data.args.num_samples=1500", "train.epochs=3", *QUIET],
                      run_dir=run_dir)
     return run_dir
+
+
+@pytest.fixture(autouse=True)
+def _free_onnxruntime_sessions():
+    """Collect sessions left in reference cycles (an error's traceback holds the frame that held one) now.
+
+    Otherwise a later test's forked DataLoader worker may run the collection and destroy a session whose
+    thread-pool lock some parent thread held at fork time: the worker then waits forever.
+    """
+    yield
+    gc.collect()

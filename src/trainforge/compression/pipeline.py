@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,6 +182,10 @@ class Measurer:
             timings[b] = bench.latency_ms(lambda: bench.run(session, x), budget_s=self.options.bench_s)
         threads = self.options.threads
         runtime = f"onnxruntime-cpu ({threads} thread{'s' if threads > 1 else ''})"
+        # free the session's threads now: a fine-tuning run next may fork DataLoader workers, and a session
+        # destroyed in a forked child can wait forever on a lock a parent thread held at fork time
+        del session
+        gc.collect()
         return bench.variant_row(name, path, runtime, params, flops, logits, self.test.labels, self.task, reference, timings)
 
 
