@@ -12,6 +12,7 @@ file and the fix).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, List, Optional
@@ -73,8 +74,13 @@ def train(
     result = run_train(recipe, overrides=overrides, run_dir=run_dir, resume=resume)
     from trainforge.distributed.env import detect
 
-    if detect()[2] > 1:
-        return  # a worker of a launched group: the launcher reports
+    if detect()[2] > 1:  # a worker of a launched group: the launcher reports
+        # The run is saved and the process group destroyed; skip interpreter teardown, where gloo's worker
+        # threads can still hold tensors and abort (SIGABRT) a finished rank, which the launcher would
+        # count as a failure of the whole group (pytorch/pytorch#179291).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     doc = {
         "run_dir": str(result.run_dir),
         "status": result.status,
