@@ -219,22 +219,30 @@ def resolve_recipe(recipe: Optional[str]) -> Path:
     raise UserError(f"{recipe}: no such recipe; give a path to a YAML file or one of: {', '.join(builtin)}")
 
 
-def read_yaml(path: Path, expected: str = "a recipe must be a YAML mapping of sections (data, model, optim, ...)") -> dict[str, Any]:
+RECIPE_MAPPING = "a recipe must be a YAML mapping of sections (data, model, optim, ...)"
+
+
+def read_yaml(path: Path, expected: str = RECIPE_MAPPING) -> dict[str, Any]:
     """A YAML file that must hold a mapping; every problem is one UserError naming the file (and line)."""
     try:
         text = path.read_text()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror}); check the path") from None
+    return parse_yaml_mapping(text, str(path), expected)
+
+
+def parse_yaml_mapping(text: str, source: str, expected: str = RECIPE_MAPPING) -> dict[str, Any]:
+    """YAML text that must hold a mapping (empty text: {}); errors name `source` (and the line)."""
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}:{where} malformed YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+        raise UserError(f"{source}:{where} malformed YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: {expected}")
+        raise UserError(f"{source}: {expected}")
     return raw
 
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import yaml
-
-from trainforge.config import Config, apply_overrides, builtin_recipes, config_from_dict, read_yaml
+from trainforge.config import Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml
 from trainforge.errors import UserError
 from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
@@ -40,15 +38,7 @@ class Admitted:
 def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str]) -> Config:
     """The validated config of a submission (UserError with one line otherwise)."""
     if recipe_yaml is not None:
-        try:
-            raw = yaml.safe_load(recipe_yaml)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise UserError(f"{recipe}:{where} malformed YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
-        raw = raw or {}
-        if not isinstance(raw, dict):
-            raise UserError(f"{recipe}: a recipe must be a YAML mapping of sections (data, model, optim, ...)")
+        raw = parse_yaml_mapping(recipe_yaml, recipe)
     else:
         builtin = builtin_recipes()
         if recipe not in builtin:
