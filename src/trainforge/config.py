@@ -14,13 +14,21 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 
 DEFAULT_RECIPE = "digits_cnn"
+# Upper bounds on counts: far above any real run, low enough that every later product (steps x batch,
+# a database column, a sleep) stays a sane integer. A bigger value is a typo.
+MAX_STEPS = 10**12
+MAX_EPOCHS = 10**6
+MAX_BATCH = 10**7
+MAX_COUNT = 10**6  # patience, checkpoints kept, workers, threads, log interval
+MAX_SEED = 2**63 - 1
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: every float setting is finite (optim.lr=.inf is a mistake, not a setting)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class AugmentConfig(Section):
@@ -61,8 +69,8 @@ class DataConfig(Section):
     @field_validator("num_workers")
     @classmethod
     def _workers(cls, v: Union[int, str]) -> Union[int, str]:
-        if isinstance(v, int) and v < 0:
-            raise ValueError(f"must be >= 0 or 'auto', got {v}")
+        if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
+            raise ValueError(f"must be 0..{MAX_COUNT} or 'auto', got {v}")
         return v
 
     @model_validator(mode="after")
@@ -95,46 +103,46 @@ class OptimConfig(Section):
 
 class ScheduleConfig(Section):
     name: str = "cosine"
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS)
     min_lr_ratio: float = Field(0.0, ge=0, le=1)  # floor of cosine/linear decay, as a fraction of lr
-    step_size: int = Field(1000, gt=0)  # "step": decay every step_size optimizer steps
+    step_size: int = Field(1000, gt=0, le=MAX_STEPS)  # "step": decay every step_size optimizer steps
     gamma: float = Field(0.1, gt=0, le=1)  # "step": multiply by gamma
 
 
 class EarlyStoppingConfig(Section):
     metric: str = "loss"  # a val metric name: loss, accuracy, macro_f1, perplexity
     mode: Literal["min", "max"] = "min"
-    patience: int = Field(5, gt=0)  # evaluations without improvement
+    patience: int = Field(5, gt=0, le=MAX_COUNT)  # evaluations without improvement
     min_delta: float = Field(0.0, ge=0)
 
 
 class TrainConfig(Section):
-    epochs: int = Field(10, gt=0)
-    max_steps: Optional[int] = Field(None, gt=0)  # overrides epochs when set
-    global_batch_size: int = Field(64, gt=0)
+    epochs: int = Field(10, gt=0, le=MAX_EPOCHS)
+    max_steps: Optional[int] = Field(None, gt=0, le=MAX_STEPS)  # overrides epochs when set
+    global_batch_size: int = Field(64, gt=0, le=MAX_BATCH)
     micro_batch_size: Union[int, Literal["auto"]] = 64
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     compile: bool = False
     deterministic: bool = False
     device: str = "auto"
-    eval_every_steps: Optional[int] = Field(None, gt=0)  # default: once per epoch
-    checkpoint_every_steps: Optional[int] = Field(None, gt=0)  # default: once per epoch
-    keep_checkpoints: int = Field(3, gt=0)
+    eval_every_steps: Optional[int] = Field(None, gt=0, le=MAX_STEPS)  # default: once per epoch
+    checkpoint_every_steps: Optional[int] = Field(None, gt=0, le=MAX_STEPS)  # default: once per epoch
+    keep_checkpoints: int = Field(3, gt=0, le=MAX_COUNT)
     grad_clip_norm: Optional[float] = Field(1.0, gt=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     ema_decay: Optional[float] = Field(None, gt=0, lt=1)
     early_stopping: Optional[EarlyStoppingConfig] = None
-    max_bad_steps: int = Field(5, gt=0)  # non-finite losses in a row before the run stops
+    max_bad_steps: int = Field(5, gt=0, le=MAX_COUNT)  # non-finite losses in a row before the run stops
     channels_last: Union[bool, Literal["auto"]] = "auto"  # auto: CNN inputs on CUDA
-    log_every_steps: int = Field(10, gt=0)
-    num_threads: Optional[int] = Field(None, gt=0)  # CPU intra-op threads
-    memory_budget_bytes: Optional[int] = Field(None, gt=0)  # CPU budget for micro_batch_size: auto
+    log_every_steps: int = Field(10, gt=0, le=MAX_STEPS)
+    num_threads: Optional[int] = Field(None, gt=0, le=MAX_COUNT)  # CPU intra-op threads
+    memory_budget_bytes: Optional[int] = Field(None, gt=0, le=2**60)  # CPU budget for micro_batch_size: auto
 
     @field_validator("micro_batch_size")
     @classmethod
     def _micro(cls, v: Union[int, str]) -> Union[int, str]:
-        if isinstance(v, int) and v <= 0:
-            raise ValueError(f"must be a positive integer or 'auto', got {v}")
+        if isinstance(v, int) and not 0 < v <= MAX_BATCH:
+            raise ValueError(f"must be an integer in 1..{MAX_BATCH} or 'auto', got {v}")
         return v
 
     @field_validator("device")
@@ -143,7 +151,7 @@ class TrainConfig(Section):
         kind = v.split(":", 1)[0]
         valid = ("auto", "cpu", "cuda", "mps", "xpu", "npu")
         if kind not in valid:
-            raise ValueError(f"expected one of {', '.join(valid)} (optionally with :N), got {v!r}")
+            raise ValueError(f"expected one of {', '.join(valid)} (optionally with :N), got {quote(v)}")
         return v
 
     @model_validator(mode="after")
@@ -169,7 +177,7 @@ class LogConfig(Section):
 
 class Config(Section):
     name: str = "run"
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -181,8 +189,8 @@ class Config(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v or any(c in v for c in "/\\\0") or v.startswith("."):
-            raise ValueError(f"must be a plain name usable in a folder name, got {v!r}")
+        if not v or any(c in v for c in "/\\\0") or v.startswith(".") or len(v.encode()) > 100:
+            raise ValueError(f"must be a plain name usable in a folder name (at most 100 bytes), got {quote(v)}")
         return v
 
     def to_yaml(self) -> str:
@@ -220,43 +228,146 @@ def resolve_recipe(recipe: Optional[str]) -> Path:
 
 
 RECIPE_MAPPING = "a recipe must be a YAML mapping of sections (data, model, optim, ...)"
+MAX_YAML_BYTES = 1 << 20  # a recipe, search space or catalog file; real ones are a few KiB
+MAX_YAML_NODES = 100_000  # values in the document with every alias expanded (an alias bomb is refused)
+MAX_YAML_DEPTH = 64  # nesting of mappings and lists; recipes need about 5
 
 
-def read_yaml(path: Path, expected: str = RECIPE_MAPPING) -> dict[str, Any]:
+def read_yaml(path: Path, expected: str = RECIPE_MAPPING, *, allow_empty: bool = False) -> dict[str, Any]:
     """A YAML file that must hold a mapping; every problem is one UserError naming the file (and line)."""
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_YAML_BYTES + 1)
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror}); check the path") from None
-    return parse_yaml_mapping(text, str(path), expected)
-
-
-def parse_yaml_mapping(text: str, source: str, expected: str = RECIPE_MAPPING) -> dict[str, Any]:
-    """YAML text that must hold a mapping (empty text: {}); errors name `source` (and the line)."""
+    if len(data) > MAX_YAML_BYTES:
+        raise UserError(f"{path}: larger than {MAX_YAML_BYTES >> 10} KiB; a YAML file here is a few KiB of settings")
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{source}:{where} malformed YAML ({getattr(e, 'problem', e)}); fix the syntax") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); save it as UTF-8") from None
+    return parse_yaml_mapping(text, str(path), expected, allow_empty=allow_empty)
+
+
+def parse_yaml_mapping(text: str, source: str, expected: str = RECIPE_MAPPING, *,
+                       allow_empty: bool = False) -> dict[str, Any]:
+    """YAML text that must hold a mapping; errors name `source` (and the line). Empty text is an error
+    unless `allow_empty` (then {})."""
+    raw = load_yaml_text(text, source)
     if raw is None:
-        return {}
+        if allow_empty:
+            return {}
+        raise UserError(f"{source}: empty; {expected}")
     if not isinstance(raw, dict):
         raise UserError(f"{source}: {expected}")
     return raw
 
 
+def load_yaml_text(text: str, source: str) -> Any:
+    """yaml.safe_load, hardened for text from anyone: bounded size, nesting and alias expansion, and a
+    key given twice in one mapping is an error (not "the last one wins"). Errors name `source`."""
+    if len(text) > MAX_YAML_BYTES:
+        raise UserError(f"{source}: larger than {MAX_YAML_BYTES >> 10} KiB; a YAML document here is a few KiB of settings")
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_yaml_graph(node, source)
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{source}:{where} malformed YAML ({getattr(e, 'problem', None) or e}); fix the syntax") from None
+    except _TooDeep:
+        raise UserError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; a recipe needs a handful") from None
+    finally:
+        loader.dispose()
+
+
+class _TooDeep(Exception):
+    pass
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader whose (recursive) composer stops at MAX_YAML_DEPTH instead of exhausting the stack."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise _TooDeep()
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _check_yaml_graph(root: yaml.Node, source: str) -> None:
+    """Walk the composed nodes once (iteratively, aliases visited once): expanded size, depth, duplicate keys."""
+    size: dict[int, int] = {}  # id(node) -> values below it, aliases expanded
+    depth: dict[int, int] = {}
+    entered: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, leaving = stack.pop()
+        key = id(node)
+        children = _yaml_children(node)
+        if leaving:
+            entered.discard(key)
+            size[key] = 1 + sum(size[id(c)] for c in children)
+            depth[key] = 1 + max((depth[id(c)] for c in children), default=0)
+            if size[key] > MAX_YAML_NODES:
+                raise UserError(f"{source}: expands to more than {MAX_YAML_NODES} values (YAML aliases); "
+                                "write the values out or use fewer aliases")
+            if depth[key] > MAX_YAML_DEPTH:  # through aliases: the composer saw each level once
+                raise UserError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; a recipe needs a handful")
+            continue
+        if key in size:
+            continue
+        if key in entered:
+            raise UserError(f"{source}: line {node.start_mark.line + 1}: a YAML alias contains itself; remove the loop")
+        entered.add(key)
+        stack.append((node, True))
+        if isinstance(node, yaml.MappingNode):
+            _refuse_duplicate_keys(node, source)
+        stack.extend((c, False) for c in children if id(c) not in size)
+
+
+def _yaml_children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
+def _refuse_duplicate_keys(node: yaml.MappingNode, source: str) -> None:
+    seen: set[str] = set()
+    for k, _ in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+            if k.value in seen:
+                raise UserError(f"{source}: line {k.start_mark.line + 1}: key {quote(k.value)} appears twice in "
+                                "one mapping; keep one")
+            seen.add(k.value)
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise UserError(f"{item}: overrides are KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
+        raise UserError(f"{quote(item)}: overrides are KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
     key, _, text = item.partition("=")
     parts = key.strip().split(".")
     if not all(parts):
-        raise UserError(f"{item}: empty key segment; use a dotted key like train.epochs=5")
+        raise UserError(f"{quote(item)}: empty key segment; use a dotted key like train.epochs=5")
+    if len(parts) > MAX_YAML_DEPTH:
+        raise UserError(f"{quote(key)}: more than {MAX_YAML_DEPTH} key segments; use a dotted key like train.epochs=5")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
-        value = text
+        value = load_yaml_text(text, key) if text.strip() else ""
+    except UserError as e:
+        if "malformed YAML" not in str(e):
+            raise
+        value = text  # not YAML: the text itself, which validation then judges
     return parts, value
 
 
@@ -275,7 +386,7 @@ def set_dotted(raw: dict[str, Any], parts: list[str], value: Any, label: str) ->
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise UserError(f"{label}: {'.'.join(parts[: i + 1])} is not a section")
+            raise UserError(f"{quote(label)}: {'.'.join(parts[: i + 1])} is not a section")
         node = child
     node[parts[-1]] = value
     return raw
@@ -308,11 +419,11 @@ def format_validation_error(err: ValidationError) -> str:
         valid = ", ".join(parent.model_fields) if parent else ""
         return f"{loc}: unknown key; valid keys here: {valid}"
     if kind in _TYPE_WORDS:
-        return f"{loc}: {_TYPE_WORDS[kind]}, got {got!r}"
-    if kind == "literal_error":
-        return f"{loc}: {e['msg'].lower()}, got {got!r}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        return f"{loc}: {e['msg'].lower()}, got {got!r}"
+        return f"{loc}: {_TYPE_WORDS[kind]}, got {quote(got)}"
+    if kind == "finite_number":
+        return f"{loc}: expected a finite number, got {quote(got)}"
+    if kind in ("literal_error", "greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        return f"{loc}: {e['msg'].lower()}, got {quote(got)}"
     msg = e["msg"].removeprefix("Value error, ")
     if msg.startswith(("train.", "data.", "model.", "optim.")):
         return msg
@@ -349,6 +460,6 @@ def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[lis
     return config_from_dict(raw)
 
 
-def config_from_yaml_text(text: str) -> Config:
+def config_from_yaml_text(text: str, source: str = "config_yaml") -> Config:
     """Rebuild a config stored in a checkpoint or run directory."""
-    return config_from_dict(yaml.safe_load(text) or {})
+    return config_from_dict(parse_yaml_mapping(text, source, allow_empty=True))

@@ -1,9 +1,55 @@
 """Error types that separate the user's mistakes (exit 2, one line) from the job failing (exit 1)."""
 from __future__ import annotations
 
+import re
+from typing import Any, Union
+
+MAX_QUOTE_CHARS = 200  # the most of a user's value an error message repeats
+MAX_MESSAGE_CHARS = 1000  # a message that still came out longer keeps its start (the field) and end (the fix)
+
+
+def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
+    """repr(value), cut to about `limit` characters: an error names a value, it never echoes a document."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """One line of at most about `limit` characters, the middle dropped."""
+    text = " ".join(text.split("\n"))
+    if len(text) <= limit:
+        return text
+    tail = limit // 4
+    return f"{text[:limit - tail]} ... {text[-tail:]}"
+
 
 class UserError(ValueError):
-    """Bad input: a config field, a path or the data. The message names it and says how to fix it."""
+    """Bad input: a config field, a path or the data. The message names it and says how to fix it.
+
+    The message is one line and bounded in length whatever the input was (`clip_message`).
+    `public` says what may be shown to someone who did not write the data (the job server's API, which
+    never echoes file content): True when the message itself holds no data content (only field names,
+    counts and the submitter's own values), or a replacement line that names the field and the problem.
+    False (the default): the server shows only the field and a generic problem (`public_message`)."""
+
+    def __init__(self, *args: Any, public: Union[bool, str] = False) -> None:
+        if args and isinstance(args[0], str):
+            args = (clip_message(args[0]), *args[1:])
+        super().__init__(*args)
+        self.public = clip_message(public) if isinstance(public, str) else public
+
+
+def public_message(error: UserError, context: str = "data") -> str:
+    """A line about `error` fit for anyone to read: its own text if marked public, else its field only."""
+    if isinstance(error.public, str):
+        return error.public
+    text = str(error)
+    if error.public:
+        return text
+    field = text.split(":", 1)[0] if ":" in text else ""
+    if not re.fullmatch(r"[a-z_]+(\.[A-Za-z0-9_]+)*", field):
+        field = context
+    return f"{field}: the {context} cannot be used as given (details are in the server's log, not shown here)"
 
 
 class UnknownNameError(UserError, KeyError):

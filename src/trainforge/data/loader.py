@@ -29,7 +29,8 @@ def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
     if steps == 0:
         raise UserError(
             f"train.global_batch_size: {global_batch_size} is larger than the training split "
-            f"({num_samples} samples); lower train.global_batch_size or add data"
+            f"({num_samples} samples); lower train.global_batch_size or add data",
+            public=True,
         )
     return steps
 

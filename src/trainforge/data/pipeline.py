@@ -41,7 +41,8 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
     if len(pool.samples) == 0:
         raise UserError(
             f"data: no usable samples left from data.source={cfg.source!r} "
-            f"(dropped: {pool.drops.counts}); check data.path and data.args"
+            f"(dropped: {pool.drops.counts}); check data.path and data.args",
+            public=True,
         )
     splits, method = split_pool(pool, cfg, seed)
     info = pool.info

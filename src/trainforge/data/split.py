@@ -25,7 +25,8 @@ def split_counts(n: int, val_fraction: float, test_fraction: float) -> tuple[int
     if n_train < 1:
         raise UserError(
             f"data: only {n} usable samples, too few to split with val_fraction={val_fraction} and "
-            f"test_fraction={test_fraction}; add data or lower data.val_fraction/data.test_fraction"
+            f"test_fraction={test_fraction}; add data or lower data.val_fraction/data.test_fraction",
+            public=True,
         )
     return n_train, n_val, n_test
 
@@ -80,7 +81,7 @@ def carve_val(
     pool = np.flatnonzero(~is_test)
     n_val = int(round(len(pool) * val_fraction))
     if len(pool) - n_val < 1:
-        raise UserError(f"data: the train split has only {len(pool)} samples; lower data.val_fraction")
+        raise UserError(f"data: the train split has only {len(pool)} samples; lower data.val_fraction", public=True)
     train, val, strat = _holdout(
         pool, n_val, None if labels is None else labels[pool], derive_seed("split/val", seed)
     )

@@ -375,7 +375,8 @@ def _spec(e: _GpuEntry) -> GPUSpec:
 def _read_yaml(path: Path) -> Any:
     from trainforge.config import read_yaml
 
-    return read_yaml(path, expected="a GPU catalog file is a YAML mapping with optional 'gpus:' and 'prices:' lists")
+    return read_yaml(path, expected="a GPU catalog file is a YAML mapping with optional 'gpus:' and 'prices:' lists",
+                     allow_empty=True)
 
 
 def _validate(model: type[BaseModel], raw: Any, path: Path, where: str) -> Any:

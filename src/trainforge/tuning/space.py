@@ -127,7 +127,7 @@ def parse_param(where: str, spec: Any) -> Param:
 def parse_space(path: Path) -> dict[str, Param]:
     """Read and check the file's own shape (types, ranges, fields); not yet the config keys."""
     raw = read_yaml(path, expected="a search space must be a YAML mapping of dotted config keys to "
-                                   "{type, low, high, log, step, choices}")
+                                   "{type, low, high, log, step, choices}", allow_empty=True)
     if not raw:
         raise UserError(f"{path}: the search space is empty; map at least one config key, "
                         "e.g. optim.lr: {type: float, low: 1.0e-4, high: 1.0e-1, log: true}")

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trainforge.config import DataConfig
 from trainforge.data.base import DataBundle
 from trainforge.data.pool import Pool
-from trainforge.errors import UserError
+from trainforge.data.roots import confine, confined_roots
+from trainforge.errors import UserError, quote
 from trainforge.registry import Registry
 
 Source = Callable[..., Union[Pool, DataBundle]]
@@ -36,20 +37,21 @@ def parse_args(model: type[A], cfg: DataConfig) -> A:
         key = "data.args." + ".".join(str(p) for p in e["loc"])
         if e["type"] == "extra_forbidden":
             valid = ", ".join(model.model_fields) or "(none)"
-            raise UserError(f"{key}: unknown argument for data source {cfg.source!r}; valid: {valid}") from None
+            raise UserError(f"{key}: unknown argument for data source {cfg.source!r}; valid: {valid}", public=True) from None
         if e["type"] == "missing":
-            raise UserError(f"{key}: required by data source {cfg.source!r}; set it in data.args") from None
+            raise UserError(f"{key}: required by data source {cfg.source!r}; set it in data.args", public=True) from None
         msg = e["msg"].removeprefix("Value error, ")
-        raise UserError(f"{key}: {msg[:1].lower() + msg[1:]}, got {e.get('input')!r}") from None
+        raise UserError(f"{key}: {msg[:1].lower() + msg[1:]}, got {quote(e.get('input'))}", public=True) from None
 
 
 def require_path(cfg: DataConfig, what: str) -> Path:
     """`data.path` as an existing Path, or a UserError saying what it should point at."""
     if not cfg.path:
-        raise UserError(f"data.path: required for data source {cfg.source!r}; point it at {what}")
-    path = Path(cfg.path).expanduser()
+        raise UserError(f"data.path: required for data source {cfg.source!r}; point it at {what}", public=True)
+    roots = confined_roots()
+    path = Path(cfg.path).expanduser() if roots is None else confine(cfg.path, "data.path", roots)
     if not path.exists():
-        raise UserError(f"data.path: {path} does not exist; point it at {what}")
+        raise UserError(f"data.path: {path} does not exist; point it at {what}", public=True)
     return path
 
 
@@ -58,7 +60,7 @@ def class_names_for(labels: list[str], declared: Optional[list[Any]]) -> list[st
     if declared:
         names = [str(c) for c in declared]
         if len(set(names)) != len(names):
-            raise UserError(f"data.args.classes: has duplicate entries {names}; list each class once")
+            raise UserError(f"data.args.classes: has duplicate entries {quote(names)}; list each class once", public=True)
         return names
     unique = set(labels)
     if all(_is_int(s) for s in unique):

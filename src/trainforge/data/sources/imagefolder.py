@@ -19,6 +19,7 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.imageio import read_image
 from trainforge.data.pool import DropLog, Pool
+from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 
@@ -74,10 +75,13 @@ def imagefolder(cfg: DataConfig, *, seed: int) -> Pool:
     a = parse_args(ImageFolderArgs, cfg)
     root = require_path(cfg, "a folder with one subfolder of images per class")
     if not root.is_dir():
-        raise UserError(f"data.path: {root} is a file; point it at a folder with one subfolder of images per class")
+        raise UserError(f"data.path: {root} is a file; point it at a folder with one subfolder of images per class",
+                        public=True)
     classes, files = scan(root)
     if len(classes) < 2:
-        raise UserError(f"data.path: {root} has {len(classes)} class subfolder(s); need at least 2 (one per class)")
+        raise UserError(f"data.path: {root} has {len(classes)} class subfolder(s); need at least 2 (one per class)",
+                        public=True)
+    check_found([f for f, _ in files], root, "data.path")
     drops, seen = DropLog(), set()
     paths, labels = [], []
     for path, label in files:

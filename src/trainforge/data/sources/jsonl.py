@@ -39,7 +39,7 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
     a = parse_args(JsonlArgs, cfg)
     path = require_path(cfg, "a JSONL file with one {text, label} object per line")
     if not path.is_file():
-        raise UserError(f"data.path: {path} is a folder; point it at a JSONL file")
+        raise UserError(f"data.path: {path} is a folder; point it at a JSONL file", public=True)
     declared = class_names_for([], a.classes) if a.classes else None
     drops = DropLog()
     tokens, labels, ids = [], [], []

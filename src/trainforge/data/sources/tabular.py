@@ -16,7 +16,7 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import DropLog, Pool, TensorSamples
 from trainforge.data.sources.common import SOURCES, SourceArgs, class_names_for, parse_args, require_path
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 
 
 class CsvArgs(SourceArgs):
@@ -41,24 +41,27 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
     a = parse_args(CsvArgs, cfg)
     path = require_path(cfg, "a CSV file with a header row")
     if not path.is_file():
-        raise UserError(f"data.path: {path} is a folder; point it at a CSV file with a header row")
+        raise UserError(f"data.path: {path} is a folder; point it at a CSV file with a header row", public=True)
     try:
         with path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.reader(f))
     except (UnicodeDecodeError, csv.Error) as e:
-        raise UserError(f"data.path: {path} is not a readable UTF-8 CSV file ({e})") from None
+        raise UserError(f"data.path: {path} is not a readable UTF-8 CSV file ({e})",
+                        public=f"data.path: {path} is not a readable UTF-8 CSV file") from None
     if not rows:
-        raise UserError(f"data.path: {path} is empty; it needs a header row and data rows")
+        raise UserError(f"data.path: {path} is empty; it needs a header row and data rows", public=True)
     header = [h.strip() for h in rows[0]]
     if a.label_column not in header:
         raise UserError(
             f"data.args.label_column: column {a.label_column!r} is not in {path.name} "
-            f"(columns: {', '.join(header)}); set it to the label column"
+            f"(columns: {', '.join(header)}); set it to the label column",
+            public=f"data.args.label_column: column {quote(a.label_column)} is not in the CSV header; set it to the "
+                   "label column",
         )
     label_at = header.index(a.label_column)
     feature_cols = [i for i in range(len(header)) if i != label_at]
     if not feature_cols:
-        raise UserError(f"data.path: {path.name} has no feature columns besides {a.label_column!r}")
+        raise UserError(f"data.path: {path.name} has no feature columns besides {a.label_column!r}", public=True)
 
     declared = class_names_for([], a.classes) if a.classes else None
     drops = DropLog()
@@ -80,7 +83,9 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
             if v is None:
                 raise UserError(
                     f"data.path: column {header[i]!r} of {path.name} is not numeric ({ident}: {row[i]!r}); "
-                    "encode it as numbers or remove the column"
+                    "encode it as numbers or remove the column",
+                    public=f"data.path: a feature column of {path.name} is not numeric; encode it as numbers or "
+                           "remove the column",
                 )
             values.append(v)
         features.append(values)

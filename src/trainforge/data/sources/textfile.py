@@ -16,6 +16,7 @@ from pydantic import Field
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool
+from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.text import RAW_BYTES_VOCAB_SIZE
 from trainforge.errors import UserError
@@ -51,8 +52,10 @@ def corpus_files(path: Path) -> list[Path]:
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
     if not files:
         raise UserError(
-            f"data.path: {path} has no {'/'.join(TEXT_SUFFIXES)} files; point it at a text file or such a folder"
+            f"data.path: {path} has no {'/'.join(TEXT_SUFFIXES)} files; point it at a text file or such a folder",
+            public=True,
         )
+    check_found(files, path, "data.path")
     return files
 
 
@@ -80,7 +83,7 @@ def textfile(cfg: DataConfig, *, seed: int) -> Pool:
     with data.path unset; args block_size (128), max_bytes."""
     a = parse_args(TextFileArgs, cfg)
     if a.corpus is not None and cfg.path:
-        raise UserError("data.args.corpus: set either data.path or data.args.corpus=python_stdlib, not both")
+        raise UserError("data.args.corpus: set either data.path or data.args.corpus=python_stdlib, not both", public=True)
     if a.corpus == "python_stdlib":
         files = stdlib_files()
         corpus, files_read = read_corpus(files, a.max_bytes or STDLIB_MAX_BYTES)
@@ -96,7 +99,8 @@ def textfile(cfg: DataConfig, *, seed: int) -> Pool:
     if len(windows) == 0:
         raise UserError(
             f"data.path: the corpus has {len(corpus)} bytes, less than one window of "
-            f"data.args.block_size + 1 = {a.block_size + 1}; lower data.args.block_size or add text"
+            f"data.args.block_size + 1 = {a.block_size + 1}; lower data.args.block_size or add text",
+            public=True,
         )
     vocab = RAW_BYTES_VOCAB_SIZE
     info = DataInfo("lm", "text", (a.block_size,), "int64", vocab, (), vocab, a.block_size)

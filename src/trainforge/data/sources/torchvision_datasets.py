@@ -18,8 +18,9 @@ from torch.utils.data import Dataset
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool
+from trainforge.data.roots import confine, confined_roots
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 
 
 class TorchvisionArgs(SourceArgs):
@@ -54,7 +55,7 @@ def dataset_class(name: str) -> type:
     cls = getattr(torchvision.datasets, name, None)
     if not (isinstance(cls, type) and issubclass(cls, Dataset)):
         valid = ", ".join(sorted(n for n in torchvision.datasets.__all__ if n[0].isupper()))
-        raise UserError(f"data.args.name: {name!r} is not a torchvision dataset; choose one of: {valid}")
+        raise UserError(f"data.args.name: {quote(name)} is not a torchvision dataset; choose one of: {valid}", public=True)
     return cls
 
 
@@ -67,12 +68,20 @@ def targets(ds: Dataset) -> np.ndarray:
     return np.asarray([int(ds[i][1]) for i in range(len(ds))], dtype=np.int64)
 
 
+RESERVED_KWARGS = ("root", "download", "train", "split", "transform", "target_transform", "transforms", "loader")
+
+
 def open_parts(cls: type, a: TorchvisionArgs, download: bool) -> list[Dataset]:
     """[train, test] when the class has its own split, else [everything]."""
     params = inspect.signature(cls).parameters
+    reserved = [k for k in a.kwargs if k in RESERVED_KWARGS]
+    if reserved:
+        raise UserError(f"data.args.kwargs.{reserved[0]}: set by trainforge (data.args.root, data.download, "
+                        "data.args.test_split, its own transforms); remove it from data.args.kwargs")
     common = dict(a.kwargs)
     if "root" in params:
-        common["root"] = a.root
+        roots = confined_roots()
+        common["root"] = a.root if roots is None else str(confine(a.root, "data.args.root", roots))
     if "download" in params:
         common["download"] = download
     if "train" in params:
@@ -106,17 +115,22 @@ def torchvision_source(cfg: DataConfig, *, seed: int) -> Pool:
     """args name (e.g. MNIST, CIFAR10, FakeData), root ("data_cache"), image_size, kwargs, test_split."""
     a = parse_args(TorchvisionArgs, cfg)
     parts = open_parts(dataset_class(a.name), a, cfg.download)
-    labels = np.concatenate([targets(p) for p in parts])
-    if len(labels) == 0:
+    try:  # arguments the constructor took can still break the first read (FakeData's image_size: x)
+        labels = np.concatenate([targets(p) for p in parts])
+        samples = TorchvisionSamples(parts, a.image_size)
+        first = samples[0][0] if len(labels) else None
+    except (TypeError, ValueError, RuntimeError, IndexError, OverflowError) as e:
+        raise UserError(f"data.args.kwargs: {a.name} cannot read its samples with these arguments "
+                        f"({type(e).__name__}: {str(e)[:200]}); check data.args.kwargs") from None
+    if first is None:
         raise UserError(f"data.args.name: {a.name} in {a.root} has no samples")
-    samples = TorchvisionSamples(parts, a.image_size)
     classes = getattr(parts[0], "classes", None)
     num_classes = max(len(classes or ()), getattr(parts[0], "num_classes", 0), int(labels.max()) + 1)
     if classes and len(classes) == num_classes:
         names = tuple(str(c[0] if isinstance(c, (tuple, list)) else c) for c in classes)  # ImageNet: synonym tuples
     else:
         names = tuple(str(c) for c in range(num_classes))
-    shape = tuple(samples[0][0].shape)
+    shape = tuple(first.shape)
     info = DataInfo("classification", "image", shape, "float32", num_classes, names)
     test = np.arange(len(parts[0]), len(samples)) if len(parts) == 2 else None
     return Pool(

@@ -1,0 +1,84 @@
+"""Input made to hurt (an alias bomb, deep nesting, bytes that are not text, absurd numbers) gets the same
+treatment as any mistake: exit 2, one short line naming the file or field, nothing written."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import trainforge.training.api  # noqa: F401  (imported here: the timings below are of the checks, not of torch's import)
+from trainforge.cli import main
+
+QUICK = ["train.max_steps=1", "log.progress=false", "log.tensorboard=false"]
+# 536 bytes; fully expanded it is 9^12 values (the 72 MB error message of the security review, and more)
+BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
+    f"l{i}: &l{i} [" + ",".join([f"*{'a' if i == 1 else f'l{i - 1}'}"] * 9) + "]\n" for i in range(1, 12))
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, float]:
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    return exit_info.value.code, capsys.readouterr().err, time.monotonic() - t0
+
+
+RECIPES = {  # file content -> what the one line says
+    "alias bomb": (BOMB.encode(), "expands to more than"),
+    "deep nesting": (("model:\n  args:\n    x: " + "[" * 3000 + "]" * 3000 + "\n").encode(), "nested deeper than"),
+    "not UTF-8": (b"name: caf\xe9\n", "not UTF-8 text"),
+    "empty": (b"", "empty; a recipe must be a YAML mapping"),
+    "only a comment": (b"# trainforge train x.yaml\n", "empty; a recipe must be a YAML mapping"),
+    "duplicate key": (b"name: a\ntrain:\n  epochs: 1\ntrain:\n  epochs: 2\n", "line 4: key 'train' appears twice"),
+    "larger than 1 MiB": (b"name: x\n# " + b"x" * (1 << 20) + b"\n", "larger than 1024 KiB"),
+    "recursive alias": (b"a: &a [*a]\n", "alias contains itself"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_hostile_recipe_files_are_one_short_line(name, tmp_path, capsys):
+    content, expected = RECIPES[name]
+    recipe = tmp_path / "x.yaml"
+    recipe.write_bytes(content)
+    code, err, seconds = run_cli(["train", str(recipe), *QUICK, "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and seconds < 1.0, (code, seconds)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and len(err) < 2000 and "Traceback" not in err, err[:3000]
+    assert lines[0].startswith(f"error: {recipe}") and expected in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+OVERRIDES = {
+    "infinite lr": (["optim.lr=.inf"], "optim.lr: expected a finite number"),
+    "nan lr": (["optim.lr=.nan"], "optim.lr: expected a finite number"),
+    "zero lr": (["optim.lr=0"], "optim.lr: input should be greater than 0"),
+    "negative lr": (["optim.lr=-1e-3"], "optim.lr: input should be greater than 0"),
+    "max_steps 1e23": (["train.max_steps=1e23"], "train.max_steps"),
+    "max_steps above 10^12": (["train.max_steps=1000000000001"], "train.max_steps: input should be less than"),
+    "int64 overflow": (["train.max_steps=99999999999999999999999"], "train.max_steps"),
+    "seed beyond int64": ([f"seed={2**64}"], "seed: input should be less than"),
+    "nested override value": (["model.args.x=" + "[" * 3000 + "]" * 3000], "model.args.x: nested deeper than"),
+    "deep override key": (["a." * 3000 + "b=1"], "more than 64 key segments"),
+    "alias bomb override": (["model.args=" + BOMB.replace("\n", ", ").join("{}")], "expands to more than"),
+    "name too long": (["name=" + "n" * 300], "name: must be a plain name"),
+    "torchvision kwargs the dataset cannot use": (
+        ["data.source=torchvision", "data.args={name: FakeData, kwargs: {size: 8, image_size: x}}", "model.name=mlp",
+         "model.args={}"], "data.args.kwargs: FakeData cannot read its samples"),
+    "torchvision kwargs trainforge sets": (
+        ["data.source=torchvision", "data.args={name: FakeData, kwargs: {transform: 3}}"], "data.args.kwargs.transform"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OVERRIDES))
+def test_absurd_values_are_one_short_line(name, tmp_path, capsys):
+    overrides, expected = OVERRIDES[name]
+    code, err, _ = run_cli(["train", *QUICK, *overrides, "--run-dir", str(tmp_path / "run")], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and len(err) < 2000, err[:3000]
+    assert expected in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_recipe_given_as_a_device_is_not_read_forever(tmp_path, capsys):
+    code, err, seconds = run_cli(["train", "/dev/zero", *QUICK, "--run-dir", str(tmp_path / "run")], capsys)
+    assert code == 2 and seconds < 5 and len(err.strip().splitlines()) == 1
