@@ -110,11 +110,13 @@ def eval_cmd(
     split: str = typer.Option("test", "--split", help="train | val | test"),
     device: Optional[str] = typer.Option(None, "--device", help="Override train.device (auto, cpu, cuda:0, ...)."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of the model files against "
+                                   "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Evaluate a checkpoint: accuracy, macro-F1, per-class report and confusion matrix (or perplexity)."""
     from trainforge.training.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(checkpoint, split=split, device=device)
+    result = evaluate_checkpoint(checkpoint, split=split, device=device, verify=not no_verify)
     if as_json:
         print_json(result)
         return

@@ -29,6 +29,7 @@ from trainforge.config import DataConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
 from trainforge.data.text import encode
+from trainforge.integrity import write_manifest
 
 SEQ_LEN = 16
 TEXT_CLASSES = ("neg", "neu", "pos")
@@ -49,9 +50,11 @@ def export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
 
 
 def with_meta(src: Path, dest: Path, meta: dict) -> Path:
+    """`src` with trainforge metadata as `dest`, listed (like every file beside it) in its folder's manifest."""
     proto = onnx.load(src)
     artifact.embed_meta(proto, meta)
     onnx.save(proto, dest)
+    write_manifest(dest.parent)
     return dest
 
 
@@ -323,6 +326,7 @@ def test_softmax_and_rank():
 def test_a_folder_serves_the_most_compressed_variant(tabular, tmp_path, capsys, present, chosen):
     for name in present:
         shutil.copy(tabular.path, tmp_path / name)
+    write_manifest(tmp_path)
     assert resolve_artifact(tmp_path) == tmp_path / chosen
     rows = tmp_path / "rows.csv"
     rows.write_text("a,b,c,d\n1,2,3,4\n")
@@ -415,6 +419,7 @@ def test_an_onnx_without_metadata(digits, capsys):
 
 def test_a_file_that_is_not_onnx(tmp_path, capsys):
     (tmp_path / "model.onnx").write_text("not a model")
+    write_manifest(tmp_path)  # intact as written: onnxruntime is the one to refuse it
     one_line_error(["predict", str(tmp_path / "model.onnx"), "x.png"], capsys, "is not a readable ONNX model")
 
 

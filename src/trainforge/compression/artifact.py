@@ -8,13 +8,15 @@ named ``logits``, and a metadata entry ``trainforge`` holding JSON:
 
 `preprocess` is the run's preprocessing record (model.json's): normalization statistics, value range,
 image size and channels, tokenizer and sequence length, or tabular feature names. Reading it needs only
-onnxruntime, so a server that runs `trainforge predict` never imports torch.
+onnxruntime, so a server that runs `trainforge predict` never imports torch. Its types are checked once,
+when an artifact is loaded (`META_TYPES`), so a damaged or hand-edited entry is one error naming the field.
 """
 from __future__ import annotations
 
 import json
+import reprlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from trainforge.errors import UserError
 
@@ -22,6 +24,54 @@ FORMAT = "trainforge-onnx/1"
 META_KEY = "trainforge"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not a size
+
+
+def _is_number(v: Any) -> bool:
+    return _is_int(v) or isinstance(v, float)
+
+
+def _list_of(item: Callable[[Any], bool], length: int | None = None) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and (length is None or len(v) == length) and all(item(x) for x in v)
+
+
+def _or_none(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or test(v)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+_NUMBERS = (_list_of(_is_number), "a list of numbers")
+# Every metadata field predict reads (dotted: nested in preprocess), with the type it must have. A field that
+# is absent is left to the code that needs it; one of the wrong type would otherwise surface as a traceback.
+META_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "variant": (_is_str, "a string"),
+    "task": (_is_str, "a string"),
+    "modality": (_is_str, "a string"),
+    "input_dtype": (_is_str, "a string"),
+    "input_shape": (_list_of(lambda d: _is_int(d) and d >= 1), "a list of positive integers"),
+    "class_names": (_list_of(_is_str), "a list of strings"),
+    "preprocess": (_is_dict, "an object"),
+    "preprocess.value_range": (_list_of(_is_number, 2), "two numbers [low, high]"),
+    "preprocess.normalize": (_or_none(_is_dict), "an object or null"),
+    "preprocess.normalize.kind": (_is_str, "a string"),
+    "preprocess.normalize.mean": _NUMBERS,
+    "preprocess.normalize.std": _NUMBERS,
+    "preprocess.normalize.min": _NUMBERS,
+    "preprocess.normalize.max": _NUMBERS,
+    "preprocess.tokenizer": (_or_none(_is_str), "a string or null"),
+    "preprocess.vocab_size": (_or_none(_is_int), "an integer or null"),
+    "preprocess.feature_names": (_or_none(_list_of(_is_str)), "a list of strings or null"),
+}
 
 
 def artifact_meta(variant: str, info: Any, preprocess: dict[str, Any]) -> dict[str, Any]:
@@ -60,4 +110,19 @@ def meta_from_session(session: Any, path: Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise UserError(f"{path}: unsupported artifact format {found!r}; re-export it with this version")
+    check_meta_types(meta, path)
     return meta
+
+
+def check_meta_types(meta: dict[str, Any], path: Path) -> None:
+    """UserError naming the first field of `META_TYPES` present in `meta` with the wrong type."""
+    for field, (valid, expected) in META_TYPES.items():
+        node: Any = meta
+        for key in field.split("."):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            if not valid(node):
+                raise UserError(f"{path}: trainforge metadata field {field} must be {expected}, got {reprlib.repr(node)}; "
+                                "re-export it with `trainforge compress`")

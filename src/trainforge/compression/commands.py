@@ -29,6 +29,8 @@ def _predict_command(
     batch_size: int = typer.Option(32, "--batch-size", help="Inputs per onnxruntime call."),
     threads: Optional[int] = typer.Option(None, "--threads", help="onnxruntime intra-op threads (default: all cores)."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of the .onnx file against "
+                                   "its folder's manifest.json (e.g. an artifact exported before manifests existed)."),
 ) -> None:
     """Classify inputs with an exported ONNX artifact (onnxruntime + numpy only; torch is not imported)."""
     from rich.table import Table
@@ -36,7 +38,7 @@ def _predict_command(
 
     from trainforge.compression.predict import predict
 
-    result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads)
+    result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads, verify=not no_verify)
     if as_json:
         print_json(result)
         return

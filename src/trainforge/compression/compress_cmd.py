@@ -25,6 +25,8 @@ def compress_command(
     calibration_samples: int = typer.Option(256, "--calibration-samples", help="Train-split samples for static int8."),
     device: Optional[str] = typer.Option(None, "--device", help="Device for torchao variants (default cuda if present)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of CHECKPOINT's files against "
+                                   "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Shrink a trained model for deployment: prune + fine-tune, int8, ONNX export; a before/after table."""
     from trainforge.compression.pipeline import CompressOptions, compress
@@ -34,6 +36,7 @@ def compress_command(
         prune=prune, finetune_epochs=finetune_epochs, distill=distill, temperature=temperature, alpha=alpha,
         quantize=quantize, int8_method=int8_method, export=export, threads=threads, bench_s=bench_s,
         calibration_samples=calibration_samples, device=device, progress=not as_json,
+        verify=not no_verify,
     )
     doc = compress(checkpoint, out_dir, options, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
     if as_json:

@@ -8,7 +8,8 @@ distilled from the unpruned model), ONNX export, int8 with ONNX Runtime, and on 
 quantization. Every ONNX variant is measured the same way: its test-split metrics from onnxruntime
 outputs, its file size, and its CPU latency at a fixed thread count for batch 1 and batch 32.
 Writes to OUT (default RUN/compressed/): the .onnx files, finetune/ (the pruned model's run
-directory), compress.json (the table) and a "Compression" section in the run's report.html.
+directory), compress.json (the table), manifest.json (the SHA-256 of each file there, written last,
+checked by `trainforge predict`) and a "Compression" section in the run's report.html.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import PruneResult, count, prune_model
 from trainforge.compression.quantize import INT8_METHODS, choose_method, quantize_onnx
 from trainforge.errors import UserError
+from trainforge.integrity import write_manifest
 
 FILE_NAMES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
 QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
@@ -54,6 +56,7 @@ class CompressOptions:
     bench_s: float = 1.0  # timing budget per variant and batch size
     device: Optional[str] = None  # torchao variants: cuda when present, else cpu
     progress: bool = True
+    verify: bool = True  # check CHECKPOINT's files against their SHA-256 manifest (--no-verify: False)
 
     def check(self) -> None:
         if not 0.0 <= self.prune < 1.0:
@@ -89,7 +92,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
 
     options = options or CompressOptions()
     options.check()
-    trained = load_trained(Path(checkpoint))
+    trained = load_trained(Path(checkpoint), verify=options.verify)
     run_dir = owning_run_dir(trained.source)
     out_dir = Path(out) if out else (run_dir or trained.source) / "compressed"
     continuing = check_out_dir(out_dir)
@@ -158,6 +161,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         "variants": variants,
     }
     (out_dir / "compress.json").write_text(json.dumps(doc, indent=1))
+    write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included
     if run_dir is not None:
         from trainforge.compression.render import report_section
         from trainforge.report import write_report
@@ -263,7 +267,7 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
 def check_out_dir(out_dir: Path) -> bool:
     """True when `out_dir` holds an unfinished compression to continue; False when new or empty.
 
-    A finished one (compress.json written last) or any file compress does not write is never touched.
+    A finished one (compress.json, then manifest.json, written last) or any file compress does not write is never touched.
     """
     if not out_dir.exists() or not any(out_dir.iterdir()):
         return False

@@ -6,8 +6,10 @@
                                #  "top": [["7", 0.98], ["1", 0.01], ["9", 0.004]]}
 
 ARTIFACT is an .onnx file written by `trainforge compress`, or the folder it wrote: then the most
-compressed variant there is served, in the order of `VARIANT_FILES`. The metadata inside the file
-(`trainforge.compression.artifact`) says how to turn the inputs into a batch (`trainforge.compression.serving`).
+compressed variant there is served, in the order of `VARIANT_FILES`. The file is first checked against
+the SHA-256 in its folder's manifest.json (`verify=False`, --no-verify, skips that). The metadata inside
+the file (`trainforge.compression.artifact`) says how to turn the inputs into a batch
+(`trainforge.compression.serving`).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 from trainforge.compression.artifact import INPUT_NAME, OUTPUT_NAME, meta_from_session
 from trainforge.compression.serving import READERS, Sample
 from trainforge.errors import UserError
+from trainforge.integrity import NO_VERIFY, check_files, read_digests
 
 # A compress output folder is served by its smallest, fastest variant first; pass a file to choose another.
 VARIANT_FILES = ("pruned-int8.onnx", "int8.onnx", "pruned.onnx", "fp32.onnx")
@@ -53,11 +56,28 @@ def resolve_artifact(path: Union[str, Path]) -> Path:
     raise UserError(f"ARTIFACT: {path} holds none of {', '.join(VARIANT_FILES)}; {hint}")
 
 
-def load_artifact(path: Union[str, Path], threads: Optional[int] = None) -> Artifact:
+def verify_artifact(file: Path, from_folder: bool) -> None:
+    """`file` against the SHA-256 its folder's manifest records, before onnxruntime parses a byte of it.
+
+    Served from a folder, every variant preferred over `file` that the manifest lists must be there too:
+    a deleted int8.onnx must not quietly put fp32.onnx into service.
+    """
+    unverifiable = f"{NO_VERIFY}, or re-run `trainforge compress`"
+    digests = read_digests(file.parent, unverifiable)
+    names = [file.name]
+    if from_folder:
+        names = [n for n in VARIANT_FILES[:VARIANT_FILES.index(file.name)] if n in digests] + names
+    check_files(file.parent, digests, names, unverifiable=unverifiable,
+                fix="restore it from a good copy or re-run `trainforge compress`")
+
+
+def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify: bool = True) -> Artifact:
     """An onnxruntime CPU session and the trainforge metadata of an artifact file or compress folder."""
     import onnxruntime as ort  # only the commands that serve pay for it
 
     file = resolve_artifact(path)
+    if verify:
+        verify_artifact(file, from_folder=Path(path).is_dir())
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: onnxruntime's warnings would clutter stderr on every call
     if threads is not None:
@@ -165,8 +185,11 @@ def predict(
     batch_size: int = 32,
     threads: Optional[int] = None,
     stdin: Optional[BinaryIO] = None,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """Classify `inputs` (image files; text files or '-'; CSV files or '-') with an artifact.
+
+    `verify=False` skips the SHA-256 check against the artifact folder's manifest.json (--no-verify).
 
     Returns {"artifact": the .onnx file served, "variant": its variant name, "predictions": [{"input",
     "label", "index", "probability", "top": [[label, probability], ...]}]}, in input order (a text or CSV
@@ -177,7 +200,7 @@ def predict(
     check_positive(threads, "--threads")
     if not inputs:
         raise UserError("INPUT: no inputs given; pass image files, text files, CSV files or - (standard input)")
-    art = load_artifact(artifact, threads=threads)
+    art = load_artifact(artifact, threads=threads, verify=verify)
     read = READERS.get(art.meta["modality"])(art.meta, str(art.path), stdin)
     predictions = classify(art, read(inputs), top_k, batch_size)
     if not predictions:

@@ -2,27 +2,31 @@
 
 model.json carries everything needed to rebuild and serve the model without the original YAML:
 the resolved config, the data facts (shapes, classes), the preprocessing statistics and the step.
+final/manifest.json (written last) records the SHA-256 of both; loading checks them unless told not to.
 Any of a run directory, its final/ or a checkpoints/step-* directory can be loaded.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from trainforge.config import Config, config_from_yaml_text
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
+from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
 from trainforge.training.checkpoint import (
     MODEL_FILE,
+    STATE_FILE,
     contiguous_state,
     find_resume_checkpoint,
     is_sharded,
@@ -30,9 +34,12 @@ from trainforge.training.checkpoint import (
     load_model_weights,
     load_sharded_into,
     load_state,
+    load_weights,
 )
 
 FORMAT = "trainforge-model/1"
+META_FILE = "model.json"
+FINAL_FILES = (MODEL_FILE, META_FILE)  # what loading final/ reads, so what its manifest must vouch for
 
 
 @dataclass
@@ -92,7 +99,8 @@ def save_final_model(
         "metrics": metrics or {},
         "config_yaml": config.to_yaml(),
     }
-    (tmp / "model.json").write_text(json.dumps(meta, indent=1))
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    write_manifest(tmp)
     if final.exists():
         old = run_dir / f".old-final-{os.getpid()}"
         os.replace(final, old)
@@ -101,48 +109,73 @@ def save_final_model(
     return final
 
 
-def load_trained(path: Path) -> Trained:
-    """A run dir (its final model, else its newest checkpoint), a final/ dir, or a checkpoint dir."""
+def load_trained(path: Path, verify: bool = True) -> Trained:
+    """A run dir (its final model, else its newest checkpoint), a final/ dir, or a checkpoint dir.
+
+    With `verify` (the default) every file read must match its manifest's SHA-256 (UserError otherwise).
+    """
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such checkpoint or run directory")
-    if (path / "final" / "model.json").is_file():
+    if (path / "final").is_dir():  # the run's final model, even with a file missing (verification names it)
         path = path / "final"
-    if (path / "model.json").is_file():
-        meta = json.loads((path / "model.json").read_text())
-        if meta.get("format") != FORMAT:
-            raise UserError(f"{path / 'model.json'}: not a trainforge model (format {meta.get('format')!r})")
-        return Trained(
-            config=config_from_yaml_text(meta["config_yaml"]),
-            info=info_from_dict(meta["data_info"]),
-            preprocess=meta.get("preprocess", {}),
-            weights=load_file(str(path / MODEL_FILE)),
-            step=int(meta["step"]),
-            source=path,
-        )
+    if (path / META_FILE).is_file() or path.name == "final":
+        if verify:
+            verify_final(path)
+        return read_final(path)
     if (path / "checkpoints").is_dir():
         found = find_resume_checkpoint(path / "checkpoints")
         if found is None:
             raise UserError(f"{path}: run directory has no final model and no complete checkpoint")
         path = found
-    if not (path / "manifest.json").is_file():
+    if not (path / MANIFEST_FILE).is_file():
         raise UserError(f"{path}: not a run directory, final/ or checkpoints/step-* directory")
-    if is_sharded(path):  # an FSDP checkpoint: gather its shards into whole tensors in this one process
-        state = load_state(path)
+    if is_sharded(path):
+        weights, state = None, load_state(path, verify)
+    else:
+        weights, state = load_checkpoint(path, verify)
+    with fields_of(path / STATE_FILE):
         config, info = config_from_yaml_text(state["config_yaml"]), info_from_dict(json.loads(state["data_info_json"]))
+        preprocess, step = json.loads(state["preprocess_json"]), int(state["step"])
+    if weights is None:  # an FSDP checkpoint: gather its shards into whole tensors in this one process
         from trainforge.models import build_model
 
         model, _ = build_model(config.model, info)
         weights = {"model": model.state_dict()}
         load_sharded_into(path, weights)
         weights = weights["model"]
-    else:
-        weights, state = load_checkpoint(path)
-    return Trained(
-        config=config_from_yaml_text(state["config_yaml"]),
-        info=info_from_dict(json.loads(state["data_info_json"])),
-        preprocess=json.loads(state["preprocess_json"]),
-        weights=weights,
-        step=int(state["step"]),
-        source=path,
-    )
+    return Trained(config=config, info=info, preprocess=preprocess, weights=weights, step=step, source=path)
+
+
+def verify_final(path: Path) -> None:
+    """final/'s model.safetensors and model.json against final/manifest.json (UserError naming the file)."""
+    unverifiable = f"{NO_VERIFY} (a final/ written before trainforge kept manifests), or re-run training"
+    digests = read_digests(path, unverifiable)
+    check_files(path, digests, FINAL_FILES, unverifiable=unverifiable,
+                fix="restore final/ from a good copy, or use one of the run's checkpoints/step-* directories")
+
+
+def read_final(path: Path) -> Trained:
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path / META_FILE}: not readable JSON ({e}); restore final/ or re-run training") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise UserError(f"{path / META_FILE}: not a trainforge model (format {found!r})")
+    with fields_of(path / META_FILE):
+        config, info = config_from_yaml_text(meta["config_yaml"]), info_from_dict(meta["data_info"])
+        preprocess, step = meta.get("preprocess", {}), int(meta["step"])
+    return Trained(config=config, info=info, preprocess=preprocess, weights=load_weights(path / MODEL_FILE),
+                   step=step, source=path)
+
+
+@contextlib.contextmanager
+def fields_of(file: Path) -> Iterator[None]:
+    """Turn a missing or mistyped field of `file` into a UserError naming the file (no traceback)."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{file}: missing or malformed field ({type(e).__name__}: {e}); restore it or re-run training") from None

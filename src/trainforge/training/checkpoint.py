@@ -14,8 +14,6 @@ temp file and a rename. A SIGKILL at any instant leaves the old or the new check
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 import warnings
@@ -23,49 +21,27 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from trainforge.errors import UserError
+from trainforge.integrity import (  # noqa: F401  (write_text_atomic: other modules import it from here)
+    MANIFEST_FILE,
+    check_files,
+    fsync_dir,
+    read_digests,
+    write_manifest,
+    write_text_atomic,
+)
 
 LATEST = "latest"
 MODEL_FILE = "model.safetensors"
 STATE_FILE = "state.pt"
-MANIFEST_FILE = "manifest.json"
+OTHER_CHECKPOINT = "resume from another checkpoint"
 
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def contiguous_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -106,17 +82,13 @@ def save_checkpoint(
 def publish(tmp: Path, final: Path, step: int, keep: int) -> Path:
     """Hash and fsync every file of `tmp`, rename it to `final`, then rewrite `latest` and prune."""
     root = final.parent
-    files = sorted(p.name for p in tmp.iterdir() if p.is_file())
-    (tmp / MANIFEST_FILE).write_text(json.dumps({"step": step, "sha256": {n: sha256_file(tmp / n) for n in files}}, indent=1))
-    for name in (*files, MANIFEST_FILE):
-        _fsync_file(tmp / name)
-    _fsync_dir(tmp)
+    write_manifest(tmp, {"step": step})
     if final.exists():  # the same step saved again (e.g. a signal right after a periodic save)
         trash = root / f".old-{final.name}-{os.getpid()}"
         os.replace(final, trash)
         shutil.rmtree(trash)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     write_text_atomic(root / LATEST, final.name + "\n")
     prune_checkpoints(root, keep)
     return final
@@ -153,16 +125,8 @@ def read_latest(root: Path) -> Optional[Path]:
 
 def verify_checkpoint(path: Path) -> None:
     """Raise UserError unless every file matches the SHA-256 recorded in the manifest."""
-    try:
-        manifest = json.loads((path / MANIFEST_FILE).read_text())
-    except (OSError, ValueError):
-        raise UserError(f"{path}: not a complete checkpoint (no readable {MANIFEST_FILE})") from None
-    for name, digest in manifest["sha256"].items():
-        file = path / name
-        if not file.is_file():
-            raise UserError(f"{file}: missing from checkpoint; resume from another checkpoint")
-        if sha256_file(file) != digest:
-            raise UserError(f"{file}: SHA-256 mismatch (corrupted); resume from another checkpoint")
+    digests = read_digests(path, unverifiable=f"{path.name} is not a complete checkpoint: {OTHER_CHECKPOINT}")
+    check_files(path, digests, digests, fix=OTHER_CHECKPOINT, unverifiable=OTHER_CHECKPOINT)
 
 
 def find_resume_checkpoint(root: Path) -> Optional[Path]:
@@ -181,17 +145,45 @@ def find_resume_checkpoint(root: Path) -> Optional[Path]:
     return None
 
 
-def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """(model weights, state) of a verified checkpoint, loaded with weights_only=True."""
-    verify_checkpoint(path)
-    model_state = load_file(str(path / MODEL_FILE))
-    state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-    return model_state, state
+def load_checkpoint(path: Path, verify: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(model weights, state) of a checkpoint, verified unless `verify` is False, loaded with weights_only=True."""
+    if verify:
+        verify_checkpoint(path)
+    return load_weights(path / MODEL_FILE), read_state(path / STATE_FILE)
+
+
+def load_weights(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a truncated or damaged one is a UserError naming it."""
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{file}: not a readable safetensors file ({reason}); restore it or use another checkpoint") from None
+
+
+def read_state(file: Path) -> dict[str, Any]:
+    """state.pt through torch.load(weights_only=True): anything but tensors, numbers, strings, lists and dicts
+    (a pickled object, i.e. code to run) is refused, and so is a damaged file, as a UserError naming it."""
+    with warnings.catch_warnings():  # a foreign pickle's protocol warning would add lines to the one-line error
+        warnings.filterwarnings("ignore", message="Detected pickle protocol")
+        try:
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception:  # UnpicklingError, RuntimeError (damaged zip), EOFError, OSError ... share no narrower base
+            state = None
+    if not isinstance(state, dict):
+        raise UserError(
+            f"{file}: not a trainforge checkpoint state (torch.load with weights_only=True refuses it or it holds no "
+            f"dict; a pickled object is never run); {OTHER_CHECKPOINT}"
+        )
+    return state
 
 
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
     """Load weights saved by `contiguous_state` (tied duplicates absent) strictly otherwise."""
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except RuntimeError as e:  # shapes differ: weights of another model, or a model.json edited after training
+        raise UserError(f"checkpoint does not match the model: {str(e).strip().splitlines()[-1].strip()}") from None
     if unexpected:
         raise UserError(f"checkpoint does not match the model: unexpected weights {unexpected[:3]}")
     own = model.state_dict()
@@ -247,6 +239,7 @@ def load_sharded_into(path: Path, tensors: dict[str, Any]) -> None:
         dcp.load(tensors, checkpoint_id=str(path), no_dist=not dist.is_initialized())
 
 
-def load_state(path: Path) -> dict[str, Any]:
-    verify_checkpoint(path)
-    return torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+def load_state(path: Path, verify: bool = True) -> dict[str, Any]:
+    if verify:
+        verify_checkpoint(path)
+    return read_state(path / STATE_FILE)

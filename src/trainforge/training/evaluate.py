@@ -1,6 +1,6 @@
 """Evaluation: loss and task metrics of a model on a split.
 
-    trainforge eval runs/digits_cnn-.../ --split test --json
+    trainforge eval runs/digits_cnn-.../ --split test --json     # --no-verify: skip the SHA-256 check
     trainforge.evaluate("runs/digits_cnn-.../", split="test")
 """
 from __future__ import annotations
@@ -71,8 +71,12 @@ def evaluate_model(
     return out
 
 
-def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[str] = None) -> dict[str, Any]:
-    """Evaluate a run dir / final/ / checkpoints/step-* on a split of the data it was trained on."""
+def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[str] = None, *,
+                        verify: bool = True) -> dict[str, Any]:
+    """Evaluate a run dir / final/ / checkpoints/step-* on a split of the data it was trained on.
+
+    `verify=False` (--no-verify) skips the SHA-256 check of the files against their manifest.
+    """
     from trainforge.data import build_data
     from trainforge.data.loader import make_eval_loader
     from trainforge.hardware.device import resolve_device
@@ -80,7 +84,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
 
     if split not in SPLITS:
         raise UserError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
-    trained = load_trained(path)
+    trained = load_trained(path, verify=verify)
     cfg = trained.config
     dev = resolve_device(device or cfg.train.device)
     data = build_data(cfg.data, seed=cfg.seed)
