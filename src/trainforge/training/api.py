@@ -1,12 +1,15 @@
 """`trainforge.train(...)`: pick the run directory, decide what to resume, and run the loop."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Optional, Union
 
-from trainforge.config import Config, apply_overrides, config_from_dict, load_config, read_yaml
+from trainforge.config import Config, apply_overrides, config_from_dict, config_from_yaml_text, load_config, read_yaml
+from trainforge.console import err
+from trainforge.distributed.env import detect
 from trainforge.errors import UserError
-from trainforge.training.checkpoint import find_resume_checkpoint
+from trainforge.training.checkpoint import find_resume_checkpoint, load_state
 from trainforge.training.loop import FitHooks, TrainResult, fit
 from trainforge.training.rundir import (
     CHECKPOINTS,
@@ -32,7 +35,9 @@ def train(
 
     resume=None: a fresh run; refuses a run_dir that already holds a run (nothing is overwritten).
     resume="auto": continue from the newest complete checkpoint of run_dir (or of the newest
-        runs/<name>-* when run_dir is None); start fresh when there is none.
+        runs/<name>-* when run_dir is None), with the run's own config.yaml when config is None; with no
+        usable checkpoint the run's recipe starts from step 0 and the earlier attempt's files are moved
+        to <run>/unusable-<time>/; an empty or new run_dir starts fresh.
     resume=PATH: continue from that run directory or checkpoints/step-* directory.
     When resuming with config=None, the run's own config.yaml is used (plus overrides).
     hooks: see FitHooks (a replacement model or loss, a callback after each evaluation).
@@ -63,12 +68,14 @@ def prepare_run(
             probe = _as_config(config, overrides)
             rd = latest_run_dir(Path(probe.log.runs_root), probe.name) or new_run_dir(Path(probe.log.runs_root), probe.name)
         ckpt = find_resume_checkpoint(rd / CHECKPOINTS)
-        cfg = _resumed_config(config, overrides, rd) if ckpt else _as_config(config, overrides)
+        cfg = _resumed_config(config, overrides, rd, ckpt)
+        if ckpt is None and holds_a_run(rd):
+            _start_over(rd)
     else:
         rd, ckpt = resolve_checkpoint_arg(Path(resume))
         if ckpt is None:
             raise UserError(f"--resume: {resume} holds no complete checkpoint; use --resume auto to start fresh")
-        cfg = _resumed_config(config, overrides, rd)
+        cfg = _resumed_config(config, overrides, rd, ckpt)
     check_names(cfg)
     check_writable(rd)
     return cfg, rd, ckpt
@@ -82,13 +89,58 @@ def _as_config(config: ConfigLike, overrides: list[str]) -> Config:
     return load_config(config, overrides)
 
 
-def _resumed_config(config: ConfigLike, overrides: list[str], run_dir: Path) -> Config:
-    if config is not None:
-        return _as_config(config, overrides)
+def _resumed_config(config: ConfigLike, overrides: list[str], run_dir: Path, ckpt: Optional[Path]) -> Config:
+    """The config a resumed run continues with: the run's own (config.yaml, else its checkpoint's), overrides
+    on top. A recipe given as well must describe the same model: a run directory never changes model."""
+    saved = _saved_config(run_dir, ckpt)
+    if config is None:
+        if saved is None:
+            if holds_a_run(run_dir):
+                raise UserError(f"--run-dir: {run_dir} has no config.yaml and no usable checkpoint to read the run's "
+                                "recipe from; pass the recipe to restart it")
+            return _as_config(None, overrides)  # nothing there yet: a fresh run of the default recipe
+        cfg = _as_config(saved, overrides)
+        if overrides:
+            err.print(f"resuming {run_dir} with its own config.yaml and, on top: {' '.join(overrides)}",
+                      highlight=False, soft_wrap=True, markup=False)
+        return cfg
+    cfg = _as_config(config, overrides)
+    if saved is not None and saved.model != cfg.model:
+        raise UserError(f"--run-dir: {run_dir} holds a run of another model (model.name {saved.model.name!r}, this "
+                        f"recipe {cfg.model.name!r}, or other model.args); resume it without a recipe, or choose a new "
+                        "--run-dir")
+    return cfg
+
+
+def _saved_config(run_dir: Path, ckpt: Optional[Path]) -> Optional[Config]:
     saved = run_dir / "config.yaml"
-    if not saved.is_file():
-        raise UserError(f"{saved}: missing; pass the recipe to resume this run")
-    return config_from_dict(apply_overrides(read_yaml(saved), overrides))
+    if saved.is_file():
+        return config_from_dict(read_yaml(saved))
+    if ckpt is not None:
+        return config_from_yaml_text(load_state(ckpt)["config_yaml"], f"{ckpt}/state.pt")
+    return None
+
+
+STARTED_OVER = ("checkpoints", "metrics.jsonl", "final", "eval.json", "report.html")
+
+
+def _start_over(run_dir: Path) -> None:
+    """--resume auto found no usable checkpoint in a run directory: the same recipe starts from step 0.
+    Unusable checkpoints, or a final model, and the metrics that go with them are moved into
+    <run>/unusable-<time>/ rather than overwritten. Torchrun workers leave this to their launcher."""
+    if detect()[2] > 1:
+        return
+    if not any((run_dir / CHECKPOINTS).glob("step-*")) and not (run_dir / "final").exists():
+        err.print(f"--resume auto: {run_dir} has no checkpoint yet; starting its recipe from step 0",
+                  highlight=False, soft_wrap=True, markup=False)
+        return
+    found = [name for name in STARTED_OVER if (run_dir / name).exists()]
+    aside = new_run_dir(run_dir, "unusable")
+    aside.mkdir()
+    for name in found:
+        os.replace(run_dir / name, aside / name)
+    err.print(f"--resume auto: {run_dir} has no usable checkpoint; starting its recipe from step 0 "
+              f"(moved {', '.join(found)} to {aside})", highlight=False, soft_wrap=True, markup=False)
 
 
 __all__ = ["train", "TrainResult", "FitHooks"]
