@@ -11,6 +11,12 @@ from typing import Callable, Optional
 
 from postgres_server import free_port  # noqa: F401  (tests import it from here)
 
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CHROMIUM_MISSING = None if CHROMIUM.exists() and CHROMEDRIVER.exists() else (
+    "needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver); "
+    "apt-get install chromium chromium-driver (.ci/run does)")
+
 # A digits run of a few seconds: checkpoints often so a kill loses little and a resume has something to use.
 QUICK = [
     "train.max_steps=20",
@@ -66,7 +72,7 @@ def trainer_pid(job_dir: Path) -> Optional[int]:
 class LiveServer:
     """The real app on a real port, served by uvicorn in a thread of the test process."""
 
-    def __init__(self, service, token: Optional[str] = None) -> None:
+    def __init__(self, service, token: Optional[str] = None, manage_service: bool = True) -> None:
         import uvicorn
 
         from trainforge.jobs.server import create_app
@@ -74,7 +80,7 @@ class LiveServer:
         self.service = service
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(service, token=token), host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(create_app(service, token=token, manage_service=manage_service), host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

@@ -23,9 +23,12 @@ def service(tmp_path):
     return make_service(tmp_path)
 
 
+CLIENT = {"X-Trainforge-Client": "test"}  # what the CLI and the dashboard send with every state change
+
+
 @pytest.fixture
 def client(service):
-    with TestClient(create_app(service, manage_service=False)) as c:  # no scheduler loop: jobs stay queued
+    with TestClient(create_app(service, manage_service=False), headers=CLIENT) as c:  # no scheduler loop: jobs stay queued
         yield c
 
 
@@ -77,7 +80,7 @@ def test_bad_submissions_are_400_with_one_line(client, body, message):
 
 def test_a_job_that_can_never_fit_is_400(tmp_path):
     service = make_service(tmp_path, "cpu:2", slot_memory_gb=0.001)
-    with TestClient(create_app(service, manage_service=False)) as c:
+    with TestClient(create_app(service, manage_service=False), headers=CLIENT) as c:
         r = c.post("/api/jobs", json={"recipe": "digits_cnn"})
     assert r.status_code == 400 and "largest slot holds 1.0 MiB" in r.json()["detail"]
 
@@ -91,22 +94,24 @@ def test_only_json_bodies_are_accepted(client):
 
 def test_a_token_guards_every_call(service):
     app = create_app(service, token="s3cret-token", manage_service=False)
-    with TestClient(app) as c:
-        for path in ("/api/jobs", "/api/gpus", "/openapi.json", "/", "/static/style.css"):
+    with TestClient(app, headers=CLIENT) as c:
+        for path in ("/api/jobs", "/api/gpus", "/api/recipes", "/api/jobs/1", "/api/jobs/1/logs", "/openapi.json"):
             assert c.get(path).status_code == 401, path
         assert c.post("/api/jobs", json={"recipe": "digits_cnn"}).status_code == 401
+        assert c.post("/api/jobs/1/cancel").status_code == 401
         assert c.get("/api/jobs", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert c.get("/api/jobs", headers={"Cookie": "trainforge_token=s3cret-token"}).status_code == 401  # header only
         ok = c.get("/api/jobs", headers={"Authorization": "Bearer s3cret-token"})
         assert ok.status_code == 200 and ok.json() == []
-        # the dashboard: ?token= once, then the cookie; the token leaves the address bar
-        r = c.get("/?token=s3cret-token", follow_redirects=False)
-        assert r.status_code == 303 and r.headers["location"] == "/"
-        assert "httponly" in r.headers["set-cookie"].lower() and "samesite=strict" in r.headers["set-cookie"].lower()
-        c.cookies.set("trainforge_token", "s3cret-token")
-        assert c.get("/").status_code == 200
-        assert c.get("/api/jobs").status_code == 200
-    with TestClient(app) as fresh:
-        assert fresh.get("/?token=nope", follow_redirects=False).status_code == 401
+        # the pages are shells the scripts fill from the API: served without the token, they hold no data
+        sub = c.post("/api/jobs", json={"recipe": "digits_cnn", "overrides": [*QUICK, "name=private-name"]},
+                     headers={"Authorization": "Bearer s3cret-token"})
+        assert sub.status_code == 201, sub.text
+        for path in ("/", "/jobs/1", "/gpus", "/static/common.js", "/?token=s3cret-token"):
+            page = c.get(path, follow_redirects=False)
+            assert page.status_code == 200, path
+            assert "private-name" not in page.text and "digits_cnn" not in page.text and "cpu0" not in page.text
+            assert "set-cookie" not in page.headers, path  # nothing a page on another port of this host would receive
 
 
 def test_a_loopback_server_refuses_other_host_names(service):
@@ -121,16 +126,19 @@ def test_dashboard_pages_render_and_escape(client):
     evil = "<img src=x onerror=alert(1)>"
     assert client.post("/api/jobs", json={"recipe": "digits_cnn", "overrides": [*QUICK, f"name={evil}"]}).status_code == 201
     index = client.get("/")
-    assert index.status_code == 200 and 'id="submit-form"' in index.text and "digits_cnn" in index.text
-    assert evil not in index.text and "&lt;img src=x onerror=alert(1)&gt;" in index.text
+    assert index.status_code == 200 and 'id="submit-form"' in index.text and 'id="login"' in index.text
+    assert evil not in index.text  # the name reaches the page only through the API and textContent
     page = client.get("/jobs/1")
-    assert page.status_code == 200 and 'id="chart-loss"' in page.text and "max_steps: 20" in page.text
+    assert page.status_code == 200 and 'id="chart-loss"' in page.text and 'data-job-id="1"' in page.text
     gpus = client.get("/gpus")
-    assert gpus.status_code == 200 and 'data-slot-id="cpu0"' in gpus.text and 'data-slot-id="cpu1"' in gpus.text
-    assert client.get("/jobs/9").status_code == 404
+    assert gpus.status_code == 200 and 'id="slots"' in gpus.text
+    assert client.get("/api/jobs/1").json()["name"] == evil
+    assert client.get("/jobs/abc").status_code == 400
     for path in ("/static/common.js", "/static/jobs.js", "/static/job.js", "/static/chart.js", "/static/gpus.js",
                  "/static/style.css"):
         assert client.get(path).status_code == 200, path
+    scripts = "".join((STATIC / "static" / f).read_text() for f in ("common.js", "jobs.js", "job.js", "gpus.js"))
+    assert "innerHTML" not in scripts and "document.cookie" not in scripts
 
 
 def test_nothing_is_loaded_from_elsewhere():

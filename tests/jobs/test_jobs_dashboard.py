@@ -2,43 +2,11 @@
 through the page's form, watch it reach `succeeded`, and see its loss curve drawn as an SVG path."""
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
-from jobs_helpers import QUICK, LiveServer, make_service
+from jobs_helpers import CHROMIUM_MISSING, QUICK, LiveServer, make_service
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver); "
-           "apt-get install chromium chromium-driver (.ci/run does)",
-)
-
-
-@pytest.fixture
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="trainforge-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)  # with the driver path below, Selenium Manager downloads nothing
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 f"--user-data-dir={profile}", "--window-size=1280,1000"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+pytestmark = pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
 
 
 @pytest.mark.slow
@@ -48,12 +16,13 @@ def test_submit_through_the_page_and_watch_the_curves(tmp_path, browser):
 
     with LiveServer(make_service(tmp_path, "cpu:2")) as server:
         browser.get(server.url + "/")
+        wait = WebDriverWait(browser, 120, poll_frequency=0.3)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#recipe option[value="digits_cnn"]'))  # from /api/recipes
         Select(browser.find_element(By.ID, "recipe")).select_by_value("digits_cnn")
         browser.find_element(By.ID, "overrides").send_keys("\n".join(QUICK))
         browser.find_element(By.ID, "max_restarts").clear()
         browser.find_element(By.ID, "max_restarts").send_keys("1")
         browser.find_element(By.ID, "submit").click()
-        wait = WebDriverWait(browser, 120, poll_frequency=0.3)
         wait.until(lambda d: d.find_element(By.ID, "submit-status").get_attribute("data-job-id") == "1")
         assert server.service.store.get(1).max_restarts == 1  # the form's fields reached the job
 

@@ -27,7 +27,7 @@ def assert_trained_once(run_dir: Path, steps: int) -> None:
 
 @pytest.fixture
 def service(tmp_path):
-    svc = make_service(tmp_path, "cpu:2")
+    svc = make_service(tmp_path, "cpu:2", data_roots=[tmp_path.resolve()])
     yield svc
     svc.stop()
     stop_all_jobs(svc)

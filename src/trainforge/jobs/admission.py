@@ -1,14 +1,21 @@
 """A submission checked like the CLI checks it, frozen into the config the job will run, and sized.
 
-    job = admit(recipe="digits_cnn", recipe_yaml=None, overrides=["train.max_steps=50"], num_gpus=1, slots=slots)
+    cfg = load_submission("digits_cnn", None, ["train.max_steps=50"], data_roots=roots)  # cheap: no file is read
+    job = size_submission(cfg, num_gpus=1, slots=slots)   # reads the data and runs the planner: the costly part
     job.config_yaml     # the resolved config: written to <job>/job.yaml and run as the job's recipe
     job.memory_bytes    # the planner's predicted peak per device, reserved on each slot the job gets
     job.total_steps     # for the dashboard's progress and ETA
 
 Validation is the CLI's: the recipe's YAML, the KEY=VALUE overrides and the registry names, each problem a
 UserError with one line (the API answers 400 with it). The recipe is a built-in name or YAML text sent by
-the client; the server never reads a path it was sent. Custom code (`model.name: custom`, `data.source:
-custom`) is refused: the API starts recipes, never code of the caller's choosing.
+the client; the server never reads a path it was sent. Paths a recipe names for its data (`data.path`,
+`data.args.root`) must lie under one of the server's data roots (`--data-root`, none by default), judged
+before anything is read (`data.roots.confine`). Custom code (`model.name: custom`, `data.source: custom`)
+and downloads are refused: the API starts recipes, never code or network fetches of the caller's choosing.
+
+The service runs `size_submission` in a child process with a time and memory cap (`jobs.sizing`), and a
+data problem found there is reported by field only (`errors.public_message`): an API error never quotes a
+cell, a header or a line of a file.
 
 Memory comes from the planner's fake-tensor simulation of one training step on one device
 (`planning.plan.Planner`), plus the GPU correction terms (CUDA context, workspaces, allocator) on GPU
@@ -18,12 +25,23 @@ slot, so the job never grows past what the scheduler reserved for it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
-from trainforge.config import Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml
-from trainforge.errors import UserError
+from trainforge.config import (Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml,
+                               set_dotted)
+from trainforge.data import build_data
+from trainforge.data.base import DataInfo
+from trainforge.data.loader import steps_per_epoch
+from trainforge.data.roots import confine
+from trainforge.errors import UserError, public_message, quote
 from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
+from trainforge.planning.corrections import applicable, corrected_peak_bytes
+from trainforge.planning.memory import SimKey, candidate_micro_batches, fit_linear
+from trainforge.planning.plan import Planner
+from trainforge.training.api import check_names
+from trainforge.training.microbatch import accumulation_steps
 
 
 @dataclass(frozen=True)
@@ -35,19 +53,21 @@ class Admitted:
     micro_batch_size: int
 
 
-def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str]) -> Config:
-    """The validated config of a submission (UserError with one line otherwise)."""
+def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], *,
+                    data_roots: Sequence[Path] = ()) -> Config:
+    """The validated config of a submission (UserError with one line otherwise). Reads no file but the
+    built-in recipe; every data path is confined to `data_roots` (none: no data path is accepted)."""
     if recipe_yaml is not None:
         raw = parse_yaml_mapping(recipe_yaml, recipe)
     else:
         builtin = builtin_recipes()
         if recipe not in builtin:
-            raise UserError(f"recipe: {recipe!r} is not a built-in recipe ({', '.join(builtin)}); "
+            raise UserError(f"recipe: {quote(recipe)} is not a built-in recipe ({', '.join(builtin)}); "
                             "to run your own file, submit it with `trainforge jobs submit PATH.yaml`")
         raw = read_yaml(builtin[recipe])
     for item in overrides:
         if not isinstance(item, str):
-            raise UserError(f"overrides: expected KEY=VALUE strings, got {item!r}")
+            raise UserError(f"overrides: expected KEY=VALUE strings, got {quote(item)}")
     cfg = config_from_dict(apply_overrides(raw, list(overrides)))
     if cfg.model.name == "custom" or cfg.model.target:
         raise UserError("model.name: the job server runs the built-in model zoo only, not custom code "
@@ -55,41 +75,65 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
     if cfg.data.source == "custom" or cfg.data.target:
         raise UserError("data.source: the job server runs the built-in data sources only, not custom code "
                         "(data.target); run custom data with `trainforge train`")
-    from trainforge.training.api import check_names
-
+    if cfg.data.download:
+        raise UserError("data.download: the job server downloads nothing; place the dataset under a data root "
+                        "and point data.args.root at it")
     check_names(cfg)
+    confined = [(field, str(confine(value, field, data_roots))) for field, value in submitted_paths(cfg)]
+    if confined:  # the job reads the real paths that were checked, whatever a symlink says later
+        raw = cfg.model_dump(mode="json")
+        for field, real in confined:
+            set_dotted(raw, field.split("."), real, label=field)
+        cfg = config_from_dict(raw)
     return cfg
 
 
+def submitted_paths(cfg: Config) -> list[tuple[str, str]]:
+    """(field, value) of every file-system path a config makes the data sources read."""
+    found = []
+    if cfg.data.path:
+        found.append(("data.path", cfg.data.path))
+    if cfg.data.source == "torchvision":  # its root has a relative default: it must be named under a data root
+        found.append(("data.args.root", str(cfg.data.args.get("root", "data_cache"))))
+    return found
+
+
 def admit(*, recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], num_gpus: int,
-          slots: Sequence[Slot]) -> Admitted:
-    """Validate, size and freeze a submission; UserError when it is bad or can never fit a slot."""
-    cfg = load_submission(recipe, recipe_yaml, overrides)
+          slots: Sequence[Slot], data_roots: Sequence[Path] = ()) -> Admitted:
+    """Validate, size and freeze a submission in this process; UserError when it is bad or can never fit."""
+    cfg = load_submission(recipe, recipe_yaml, overrides, data_roots=data_roots)
+    return size_submission(cfg, num_gpus, slots)
+
+
+def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitted:
+    """Read the data the planner needs, simulate, and refuse what can never fit. A data problem is a
+    UserError whose `public` line names the field only."""
     capacity = {s.id: s.memory_bytes for s in slots}
     if num_gpus > len(slots):
         raise UserError(never_fits(capacity, 0, num_gpus))
-    micro, need, steps = memory_need(cfg, num_gpus, slots[0].kind, max(capacity.values()))
+    try:
+        data = build_data(cfg.data, seed=cfg.seed)
+        steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
+    except UserError as e:
+        raise UserError(str(e), public=public_message(e)) from None
+    micro, need, steps = memory_need(cfg, num_gpus, slots[0].kind, max(capacity.values()), data.info, steps)
     reason = never_fits(capacity, need, num_gpus)
     if reason:
-        raise UserError(f"{cfg.name}: {reason}")
+        raise UserError(f"{cfg.name}: {reason}", public=True)
     if cfg.train.micro_batch_size == "auto":
         cfg = config_from_dict(apply_overrides(cfg.model_dump(mode="json"), [f"train.micro_batch_size={micro}"]))
     return Admitted(cfg.name, cfg.to_yaml(), need, steps, micro)
 
 
-def memory_need(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int) -> tuple[int, int, int]:
+def memory_need(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, info: DataInfo,
+                steps: int) -> tuple[int, int, int]:
     """(micro-batch, predicted peak bytes per device, total optimizer steps) for `num_gpus` slots of a kind."""
-    from trainforge.planning.corrections import applicable, corrected_peak_bytes
-    from trainforge.planning.memory import SimKey, candidate_micro_batches, fit_linear
-    from trainforge.planning.plan import Planner
-    from trainforge.training.microbatch import accumulation_steps
-
     global_batch = cfg.train.global_batch_size
     if global_batch % num_gpus:
         raise UserError(f"--gpus: train.global_batch_size ({global_batch}) does not divide over {num_gpus} GPUs; "
-                        "change one of them")
+                        "change one of them", public=True)
     per_device = global_batch // num_gpus
-    planner = Planner(cfg)
+    planner = Planner(cfg, info, steps)
     terms = applicable("cuda" if slot_kind == "gpu" else "cpu", num_gpus, planner.facts.convolutional)
 
     def corrected(peak: float) -> int:

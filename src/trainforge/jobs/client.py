@@ -29,7 +29,7 @@ def server_url(option: Optional[str]) -> str:
 class Client:
     def __init__(self, url: str, token: Optional[str] = None, timeout_s: float = 600.0) -> None:
         self.url = url
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "X-Trainforge-Client": "cli"}  # state changes require it (CSRF)
         token = token or os.environ.get("TRAINFORGE_TOKEN")
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -47,7 +47,7 @@ class Client:
             raise UserError(f"cannot reach the trainforge server at {self.url}; start it with `trainforge server` "
                             "or pass --server") from None
         if r.status_code == 401:
-            raise UserError(f"the server at {self.url} needs a token; pass --token or set TRAINFORGE_TOKEN")
+            raise UserError(f"the server at {self.url} needs a token; set TRAINFORGE_TOKEN (or pass --token)")
         if r.status_code >= 400:
             try:
                 detail = r.json().get("detail")

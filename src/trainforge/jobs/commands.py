@@ -2,7 +2,8 @@
 
     trainforge server --gpus auto                          # scheduler + dashboard on http://127.0.0.1:8765
     trainforge server --gpus cpu:4 --slot-memory-gb 4      # four CPU slots (no GPU needed)
-    trainforge server --host 0.0.0.0 --token $SECRET       # reachable from other machines: token required
+    trainforge server --host 0.0.0.0 --token-file ~/.trainforge-token --data-root /srv/data
+                                                           # reachable from other machines: token required
     trainforge jobs submit digits_cnn train.max_steps=500 --gpus 1 --priority 5 --max-restarts 3
     trainforge jobs list --json
     trainforge jobs logs 3 --follow
@@ -30,7 +31,8 @@ LIST_FIELDS = ("id", "name", "state", "gpus", "restarts", "run_dir")  # `jobs li
 FINAL = ("succeeded", "failed", "cancelled")
 
 ServerOpt = typer.Option(None, "--server", help="Server URL (default: $TRAINFORGE_SERVER, else http://127.0.0.1:8765).")
-TokenOpt = typer.Option(None, "--token", help="API token when the server has one (default: $TRAINFORGE_TOKEN).")
+TokenOpt = typer.Option(None, "--token", help="API token when the server has one; prefer $TRAINFORGE_TOKEN "
+                                              "(an argument is visible in `ps`).")
 JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON document.")
 
 
@@ -53,7 +55,7 @@ def _progress(job: dict) -> str:
 
 
 def server(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs --token."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; anything but loopback needs a token."),
     port: int = typer.Option(8765, "--port", help="Port to bind."),
     db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: SQLite in --state-dir); "
                                      "e.g. postgresql+psycopg://user@host/db"),
@@ -62,7 +64,15 @@ def server(
                                                    help="Memory each slot offers, GiB (cpu:N slots; default: "
                                                         "available memory / N; GPUs: 90% of theirs)."),
     state_dir: Path = typer.Option(Path("runs/server"), "--state-dir", help="Job run dirs, logs and the SQLite db."),
-    token: Optional[str] = typer.Option(None, "--token", help="Require this API token (default: $TRAINFORGE_TOKEN)."),
+    data_root: Optional[List[str]] = typer.Option(None, "--data-root", help="A folder submitted recipes may read data "
+                                                  "from (repeatable). Default: none, so data paths are refused."),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="Require the API token stored in this file "
+                                              "(default: $TRAINFORGE_TOKEN)."),
+    token: Optional[str] = typer.Option(None, "--token", hidden=True, help="Deprecated: visible in `ps`; use --token-file."),
+    admission_timeout_s: float = typer.Option(120.0, "--admission-timeout-s", help="Most seconds a submission's check "
+                                              "(reading its data, simulating its model) may take."),
+    admission_memory_gb: float = typer.Option(4.0, "--admission-memory-gb", help="Most memory one submission's check "
+                                              "may use, GiB."),
 ) -> None:
     """Run the job queue: scheduler, job processes, JSON API and web dashboard.
 
@@ -71,17 +81,22 @@ def server(
     import logging
     import socket
 
+    from trainforge.data.roots import parse_roots
     from trainforge.jobs.server import is_loopback, serve
     from trainforge.jobs.service import JobService, StateDirLock
     from trainforge.jobs.slots import parse_slots
     from trainforge.jobs.store import Store, sqlite_url
 
-    token = token or os.environ.get("TRAINFORGE_TOKEN") or None
-    if not is_loopback(host) and not token:
-        raise UserError(f"--host: {host} makes the queue reachable from other machines; pass --token (or set "
-                        "TRAINFORGE_TOKEN) so every API call must carry it, or keep the default 127.0.0.1")
+    os.umask(0o077)  # the database, logs, run dirs and checkpoints: readable by this user only
+    secret = server_token(token_file, token)
+    if not is_loopback(host) and not secret:
+        raise UserError(f"--host: {host} makes the queue reachable from other machines; pass --token-file (or set "
+                        "TRAINFORGE_TOKEN) so every API call must carry a token, or keep the default 127.0.0.1")
     if not 0 < port < 65536:
         raise UserError(f"--port: expected 1-65535, got {port}")
+    if admission_timeout_s <= 0 or admission_memory_gb <= 0:
+        raise UserError("--admission-timeout-s / --admission-memory-gb: expected positive numbers")
+    roots = parse_roots(data_root or [])
     try:
         with socket.create_server((host, port)):
             pass
@@ -94,13 +109,40 @@ def server(
     store = Store(db or sqlite_url(state_dir / "jobs.db"))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     described = ", ".join(f"{s.id} ({s.memory_bytes / 2**30:.1f} GiB)" for s in slots)
-    err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}", highlight=False,
-              soft_wrap=True)
+    err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}  data roots: "
+              f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}",
+              highlight=False, soft_wrap=True)
+    service = JobService(store, slots, state_dir, data_roots=roots, admission_timeout_s=admission_timeout_s,
+                         admission_memory_bytes=int(admission_memory_gb * 2**30))
     try:
-        serve(JobService(store, slots, state_dir), host=host, port=port, token=token)
+        serve(service, host=host, port=port, token=secret)
     finally:
         store.close()
         lock.release()
+
+
+def server_token(token_file: Optional[Path], token: Optional[str]) -> Optional[str]:
+    """The API token: --token-file, else $TRAINFORGE_TOKEN, else --token (warned: argv is public in `ps`)."""
+    if token_file is not None:
+        try:
+            mode = token_file.stat().st_mode
+            text = token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--token-file: cannot read {token_file} ({getattr(e, 'strerror', None) or e}); "
+                            "write the token into a file only you can read (chmod 600)") from None
+        if not text or "\n" in text:
+            raise UserError(f"--token-file: {token_file} must hold the token on one line")
+        if mode & 0o077:
+            err.print(f"[yellow]warning:[/yellow] {escape(str(token_file))} is readable by others; chmod 600 it",
+                      highlight=False)
+        return text
+    if os.environ.get("TRAINFORGE_TOKEN"):
+        return os.environ["TRAINFORGE_TOKEN"]
+    if token:
+        err.print("[yellow]warning:[/yellow] --token puts the token where `ps` shows it to every user of this "
+                  "machine; use --token-file PATH or TRAINFORGE_TOKEN", highlight=False)
+        return token
+    return None
 
 
 def submit(

@@ -82,13 +82,14 @@ def job_env(base: dict[str, str], slots: Sequence[Slot]) -> dict[str, str]:
 
 def start_attempt(paths: JobPaths, argv: Sequence[str], env: dict[str, str], header: str) -> subprocess.Popen:
     """Start the wrapped attempt in its own session (it outlives a server crash), output appended to the log."""
-    paths.job_dir.mkdir(parents=True, exist_ok=True)
+    paths.job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     paths.exit_file.unlink(missing_ok=True)
-    with open(paths.log, "ab") as log:
+    with open(os.open(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
         log.write(f"{LOG_HEADER} {header}\n".encode())
         log.flush()
+        # umask 077: the run directory, checkpoints and logs a job writes are its owner's alone
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, umask=0o077)
 
 
 # ---------------------------------------------------------------- processes as /proc sees them

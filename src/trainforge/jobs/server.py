@@ -1,4 +1,4 @@
-"""The HTTP side: a JSON API (described at /openapi.json) and the dashboard (server-rendered, a little JS).
+"""The HTTP side: a JSON API (described at /openapi.json) and the dashboard (static pages, a little JS).
 
     app = create_app(service, token=None)                 # FastAPI app; the lifespan starts and stops the service
     serve(service, host="127.0.0.1", port=8765)           # uvicorn, what `trainforge server` runs
@@ -7,36 +7,59 @@ API (JSON; with a token every call needs `Authorization: Bearer <token>`):
     GET  /api/health                      {"ok", "slots"}
     GET  /api/jobs                        [job]               job: {"id", "name", "state", "gpus", "restarts", "run_dir", ...}
     POST /api/jobs                        {"recipe", "recipe_yaml"?, "overrides"?, "gpus"?, "priority"?, "max_restarts"?}
-                                          -> 201 job | 400 {"detail": one line}
+                                          -> 201 job | 400 {"detail": one line} | 503 busy (retry)
     GET  /api/jobs/{id}                   job + {"config_yaml", "log_path"}
     GET  /api/jobs/{id}/logs?offset=N     {"text", "offset", "state"}  (offset < 0: the last -N bytes)
     GET  /api/jobs/{id}/metrics           {"train": [...], "val": [...], "progress"}
     POST /api/jobs/{id}/cancel            job
     GET  /api/gpus                        [slot + {"reserved_bytes", "jobs", "live"}]
     GET  /api/recipes                     ["digits_cnn", ...]
-Dashboard: / (jobs + submit form), /jobs/{id} (curves, log tail, config), /gpus.
+Dashboard: / (jobs + submit form), /jobs/{id} (curves, log tail, config), /gpus: pages without data, filled in
+by their scripts from the API, so a page served without the token shows nothing.
+
+Defences (docs/jobs.md, "Security model"): a state-changing request (any method but GET/HEAD/OPTIONS) must
+carry the X-Trainforge-Client header, which a cross-site form cannot send and a cross-site script cannot
+send without a CORS preflight this server never grants, and an Origin / Sec-Fetch-Site, when present, of
+this server itself; request bodies are capped; every response carries a Content-Security-Policy that allows
+only this origin's own scripts and styles, X-Frame-Options: DENY and X-Content-Type-Options: nosniff. The
+token lives in a header only, never in a cookie (cookies are shared by every port of a host).
 """
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import secrets
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from trainforge.errors import UserError
+from trainforge.config import MAX_YAML_BYTES, builtin_recipes
+from trainforge.errors import UserError, clip_message
 from trainforge.jobs.progress import read_log, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
+from trainforge.jobs.sizing import Busy
 
 HERE = Path(__file__).parent
-COOKIE = "trainforge_token"
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+CLIENT_HEADER = "X-Trainforge-Client"  # required on state changes: a cross-site form cannot set it
+MAX_BODY_BYTES = 2 * MAX_YAML_BYTES  # a recipe's text plus overrides; anything larger is refused unread
+MAX_JOB_ID = 2**63 - 1
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
 
 
 class SubmitIn(BaseModel):
@@ -45,11 +68,25 @@ class SubmitIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     recipe: str = Field(..., min_length=1, max_length=500)
-    recipe_yaml: Optional[str] = Field(None, max_length=1_000_000)
+    recipe_yaml: Optional[str] = Field(None, max_length=MAX_YAML_BYTES)
     overrides: list[str] = Field(default_factory=list, max_length=1000)
-    gpus: int = Field(1, ge=1, le=1024)
-    priority: int = Field(0, ge=-1_000_000, le=1_000_000)
-    max_restarts: int = Field(0, ge=0, le=1000)
+    gpus: StrictInt = Field(1, ge=1, le=1024)
+    priority: StrictInt = Field(0, ge=-1_000_000, le=1_000_000)
+    max_restarts: StrictInt = Field(0, ge=0, le=1000)
+
+    @field_validator("recipe_yaml")
+    @classmethod
+    def _bytes(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and len(v.encode("utf-8", "surrogatepass")) > MAX_YAML_BYTES:
+            raise ValueError(f"larger than {MAX_YAML_BYTES >> 10} KiB; a recipe is a few KiB of settings")
+        return v
+
+    @field_validator("overrides")
+    @classmethod
+    def _override_size(cls, v: list[str]) -> list[str]:
+        if any(len(o) > 10_000 for o in v):
+            raise ValueError("an override is longer than 10000 characters; KEY=VALUE settings are short")
+        return v
 
 
 class Progress(BaseModel):
@@ -101,8 +138,8 @@ class MetricsOut(BaseModel):
 
 def create_app(service: JobService, *, token: Optional[str] = None, allowed_hosts: Optional[list[str]] = None,
                manage_service: bool = True) -> FastAPI:
-    """The API and dashboard over `service`. token: required on every request when set. allowed_hosts: the
-    Host headers accepted (a loopback-only server refuses other names, which stops DNS rebinding)."""
+    """The API and dashboard over `service`. token: required on every API request when set. allowed_hosts:
+    the Host headers accepted (a loopback-only server refuses other names, which stops DNS rebinding)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -117,35 +154,29 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     # no /docs or /redoc: FastAPI's pages load their scripts from a CDN; the schema is at /openapi.json
     app = FastAPI(title="trainforge job server", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Queue training jobs on this machine's GPUs; the dashboard is at /.")
+    app.state.service = service
     templates = Jinja2Templates(directory=str(HERE / "templates"))
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
 
+    # the last added runs first: guard (token, cross-site, security headers on every answer) -> host -> body size
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     if allowed_hosts:
-        from starlette.middleware.trustedhost import TrustedHostMiddleware
-
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
 
-    if token:
-        @app.middleware("http")
-        async def require_token(request: Request, call_next):
-            given = request.query_params.get("token")
-            if given is not None and request.method == "GET" and secrets.compare_digest(given.encode(), token.encode()):
-                # the dashboard's one-time ?token=: keep it in a cookie, drop it from the address bar
-                rest = request.url.remove_query_params("token")
-                response = RedirectResponse(rest.path + (f"?{rest.query}" if rest.query else ""), status_code=303)
-                response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
-                return response
-            header = request.headers.get("authorization", "")
-            supplied = header[7:] if header.lower().startswith("bearer ") else request.cookies.get(COOKIE, "")
-            if not secrets.compare_digest(supplied.encode(), token.encode()):
-                return JSONResponse({"detail": "missing or wrong token: send `Authorization: Bearer <token>` "
-                                               "(the dashboard: open it once with ?token=<token>)"},
-                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
-            return await call_next(request)
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        refusal = _refusal(request, token)
+        response = refusal if refusal is not None else await call_next(request)
+        response.headers.update(SECURITY_HEADERS)
+        return response
+
+    @app.exception_handler(Busy)
+    async def _busy(_request: Request, exc: Busy) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503, headers={"Retry-After": "5"})
 
     @app.exception_handler(UserError)
     async def _user_error(_request: Request, exc: UserError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
+        return JSONResponse({"detail": exc.public if isinstance(exc.public, str) else str(exc)}, status_code=400)
 
     @app.exception_handler(JobNotFound)
     async def _not_found(_request: Request, exc: JobNotFound) -> JSONResponse:
@@ -156,7 +187,7 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         e = exc.errors()[0]
         loc = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path"))
-        return JSONResponse({"detail": f"{loc or 'request'}: {e.get('msg', 'invalid')}"}, status_code=400)
+        return JSONResponse({"detail": clip_message(f"{loc or 'request'}: {e.get('msg', 'invalid')}")}, status_code=400)
 
     # ------------------------------------------------------------ JSON API
 
@@ -175,23 +206,27 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
             priority=body.priority, max_restarts=body.max_restarts))
         return service.view(job)
 
+    JobId = PathParam(..., ge=1, le=MAX_JOB_ID, description="job id")
+
     @app.get("/api/jobs/{job_id}", response_model=JobDetail)
-    def show(job_id: int) -> dict[str, Any]:
+    def show(job_id: int = JobId) -> dict[str, Any]:
         return service.view(service.get(job_id), detail=True)
 
     @app.get("/api/jobs/{job_id}/logs", response_model=LogOut)
-    def logs(job_id: int, offset: int = Query(0, description="byte offset; negative: the last -offset bytes")) -> dict[str, Any]:
+    def logs(job_id: int = JobId, offset: int = Query(0, ge=-MAX_JOB_ID, le=MAX_JOB_ID,
+                                                      description="byte offset; negative: the last -offset bytes")
+             ) -> dict[str, Any]:
         job = service.get(job_id)
         text, nxt = read_log(Path(job.log_path), offset)
         return {"text": text, "offset": nxt, "state": job.state}
 
     @app.get("/api/jobs/{job_id}/metrics", response_model=MetricsOut)
-    def metrics(job_id: int) -> dict[str, Any]:
+    def metrics(job_id: int = JobId) -> dict[str, Any]:
         job = service.get(job_id)
         return {**series(Path(job.run_dir)), "progress": service.view(job)["progress"]}
 
     @app.post("/api/jobs/{job_id}/cancel", response_model=JobOut)
-    def cancel(job_id: int) -> dict[str, Any]:
+    def cancel(job_id: int = JobId) -> dict[str, Any]:
         return service.view(service.cancel(job_id))
 
     @app.get("/api/gpus")
@@ -200,34 +235,115 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
 
     @app.get("/api/recipes")
     def recipes() -> list[str]:
-        from trainforge.config import builtin_recipes
-
         return list(builtin_recipes())
 
     # ------------------------------------------------------------ dashboard
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     def index(request: Request) -> HTMLResponse:
-        from trainforge.config import builtin_recipes
-
-        jobs = [service.view(j) for j in service.store.list()]
-        return templates.TemplateResponse(request, "index.html", {"jobs": jobs, "recipes": list(builtin_recipes())})
+        return templates.TemplateResponse(request, "index.html", {})
 
     @app.get("/jobs/{job_id}", response_class=HTMLResponse, include_in_schema=False)
-    def job_page(request: Request, job_id: int) -> HTMLResponse:
-        job = service.view(service.get(job_id), detail=True)
-        log_tail, _ = read_log(Path(job["log_path"]), -20000)
-        return templates.TemplateResponse(request, "job.html", {"job": job, "log_tail": log_tail})
+    def job_page(request: Request, job_id: int = JobId) -> HTMLResponse:
+        return templates.TemplateResponse(request, "job.html", {"job_id": job_id})
 
     @app.get("/gpus", response_class=HTMLResponse, include_in_schema=False)
     def gpus_page(request: Request) -> HTMLResponse:
-        return templates.TemplateResponse(request, "gpus.html", {"slots": service.slot_views()})
+        return templates.TemplateResponse(request, "gpus.html", {})
 
     return app
 
 
+def _refusal(request: Request, token: Optional[str]) -> Optional[JSONResponse]:
+    """Why this request must not reach a handler (401 / 403), or None."""
+    path = request.url.path
+    if token and (path.startswith("/api/") or path == "/openapi.json"):
+        header = request.headers.get("authorization", "")
+        supplied = header[7:] if header.lower().startswith("bearer ") else ""
+        if not secrets.compare_digest(supplied.encode(), token.encode()):
+            return JSONResponse({"detail": "missing or wrong token: send `Authorization: Bearer <token>` (the dashboard "
+                                           "asks for it once per browser tab)"},
+                                status_code=401, headers={"WWW-Authenticate": "Bearer"})
+    if request.method not in SAFE_METHODS:
+        site = request.headers.get("sec-fetch-site")
+        if site is not None and site not in ("same-origin", "none"):
+            return _forbidden(f"a {site} request may not change anything here")
+        origin = request.headers.get("origin")
+        if origin is not None and not _same_origin(origin, request):
+            return _forbidden("a request from another origin may not change anything here")
+        if request.headers.get(CLIENT_HEADER) is None:
+            return _forbidden(f"state changes need the {CLIENT_HEADER} header (the CLI and the dashboard send it)")
+    return None
+
+
+def _same_origin(origin: str, request: Request) -> bool:
+    """`Origin` names this server: scheme, host and port as the request reached it."""
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return False  # "null" (a file:// page, a sandboxed frame) and anything odd
+    default = 443 if parts.scheme == "https" else 80
+    host = request.headers.get("host", "")
+    ours = urlsplit(f"{request.url.scheme}://{host}")
+    ours_port = ours.port or (443 if request.url.scheme == "https" else 80)
+    return parts.scheme == request.url.scheme and parts.hostname == ours.hostname and (parts.port or default) == ours_port
+
+
+def _forbidden(why: str) -> JSONResponse:
+    return JSONResponse({"detail": f"cross-site request refused: {why}"}, status_code=403)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `max_bytes` is answered 413 unread past the limit. The body is read
+    here (by Content-Length or while streaming) and replayed to the app, so no handler sees a partial one."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] in SAFE_METHODS:
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await _too_large(self.max_bytes, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await _too_large(self.max_bytes, send)
+                return
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+async def _too_large(max_bytes: int, send: Any) -> None:
+    response = JSONResponse({"detail": f"request body larger than {max_bytes >> 10} KiB; a submission is a few KiB"},
+                            status_code=413)
+    await response({"type": "http"}, None, send)
+
+
 def is_loopback(host: str) -> bool:
-    return host in LOOPBACK_HOSTS or host.startswith("127.")
+    """An address only this machine reaches: "localhost" or a loopback IP (127.0.0.0/8, ::1), by ipaddress."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def serve(service: JobService, *, host: str, port: int, token: Optional[str]) -> None:

@@ -7,8 +7,13 @@
     service.stop()                         # the loop stops; running jobs keep running (a restart adopts them)
 
 One loop thread does every state change of running jobs (watch, then schedule) under one lock, so a job
-is started at most once. Submissions are validated and sized (`admission.admit`, a planner simulation)
-on a separate worker thread, so the HTTP API stays responsive while a big model is simulated.
+is started at most once. Submissions are validated on a pool of admission threads (`admission.load_submission`:
+no file is read) and sized in a capped child process (`sizing.SizeChecker`: the data and the planner), so
+the HTTP API stays responsive and one slow submission never holds up another; checked submissions are
+remembered in a bounded LRU cache.
+
+Everything the server writes is private to its user: directories 0700, files 0600 (job processes run with
+umask 077), and job processes get neither the API token nor anything else the server was told in secret.
 
 Reconcile (on start): a job the table calls running whose process is still alive and ours is adopted and
 watched; one whose process is gone is judged from what it left (the wrapper's exit.json, the run
@@ -18,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import hashlib
+import json
 import logging
 import os
 import signal
@@ -25,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -33,15 +41,21 @@ from typing import Any, Optional, Sequence
 
 from trainforge.errors import UserError
 from trainforge.jobs import runner
-from trainforge.jobs.admission import Admitted, admit
+from trainforge.data.roots import ENV as ROOTS_ENV
+from trainforge.data.roots import roots_env
+from trainforge.jobs.admission import Admitted, load_submission
 from trainforge.jobs.progress import progress
 from trainforge.jobs.scheduler import Pending, Placed, assign, never_fits
+from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
 from trainforge.jobs.slots import Slot
 from trainforge.jobs.store import FINAL_STATES, Job, Store
 
 log = logging.getLogger("trainforge.jobs")
 
 CANCEL_GRACE_S = 60.0  # SIGTERM, then SIGKILL if the trainer has not checkpointed and exited by then
+ADMITTED_CACHE_SIZE = 256  # checked submissions remembered (an identical resubmission is not checked again)
+SECRET_ENV = ("TRAINFORGE_TOKEN",)  # never passed on to job processes
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 
 
 class JobNotFound(LookupError):
@@ -61,23 +75,33 @@ class Submission:
 class JobService:
     def __init__(self, store: Store, slots: Sequence[Slot], state_dir: Path, *, poll_s: float = 0.5,
                  cancel_grace_s: float = CANCEL_GRACE_S, python: str = sys.executable,
-                 env: Optional[dict[str, str]] = None) -> None:
+                 env: Optional[dict[str, str]] = None, data_roots: Sequence[Path] = (),
+                 admission_timeout_s: float = DEFAULT_TIMEOUT_S, admission_memory_bytes: int = DEFAULT_MEMORY_BYTES,
+                 admission_parallel: int = DEFAULT_PARALLEL) -> None:
         if not slots:
             raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
         self.store = store
         self.slots = list(slots)
         self.slot_by_id = {s.id: s for s in self.slots}
         self.state_dir = Path(state_dir).resolve()
+        private_dir(self.state_dir)
         self.poll_s = poll_s
         self.cancel_grace_s = cancel_grace_s
         self.python = python
-        self.env = dict(os.environ if env is None else env)
+        self.data_roots = tuple(data_roots)
+        self.env = {k: v for k, v in (os.environ if env is None else env).items() if k not in SECRET_ENV}
+        self.env[ROOTS_ENV] = roots_env(self.data_roots)  # the job's data sources enforce the same roots
+        self.checker = SizeChecker(data_roots=self.data_roots, timeout_s=admission_timeout_s,
+                                   memory_bytes=admission_memory_bytes, max_parallel=admission_parallel)
         self._lock = threading.RLock()
         self._popens: dict[int, subprocess.Popen] = {}
         self._cancel_deadline: dict[int, float] = {}
-        self._admitted: dict[tuple, Admitted] = {}
+        self._admitted: OrderedDict[str, Admitted] = OrderedDict()
+        self._admitted_lock = threading.Lock()
         self._final_progress: dict[int, dict[str, Any]] = {}
-        self._admit_pool = ThreadPoolExecutor(1, thread_name_prefix="trainforge-admit")
+        # more threads than checks: a submission that is refused before its check, or answered from the
+        # cache, or told "busy", never waits behind the checks in flight
+        self._admit_pool = ThreadPoolExecutor(2 * admission_parallel + 2, thread_name_prefix="trainforge-admit")
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -120,16 +144,11 @@ class JobService:
 
     def submit(self, sub: Submission) -> Job:
         """Validate, size and queue a job (blocking: runs the planner); UserError when it is bad or can never fit."""
-        key = (sub.recipe, sub.recipe_yaml, tuple(sub.overrides), sub.num_gpus)
         if sub.num_gpus < 1:
             raise UserError(f"--gpus: expected 1 or more GPUs per job, got {sub.num_gpus}")
         if sub.max_restarts < 0:
             raise UserError(f"--max-restarts: expected 0 or more, got {sub.max_restarts}")
-        admitted = self._admitted.get(key)
-        if admitted is None:
-            admitted = admit(recipe=sub.recipe, recipe_yaml=sub.recipe_yaml, overrides=list(sub.overrides),
-                             num_gpus=sub.num_gpus, slots=self.slots)
-            self._admitted[key] = admitted
+        admitted = self._admit(sub)
         job = self.store.create(
             job_dir_for=lambda i: str(self.paths(i).job_dir), name=admitted.name, recipe=sub.recipe,
             overrides=list(sub.overrides), config_yaml=admitted.config_yaml, num_gpus=sub.num_gpus,
@@ -139,6 +158,20 @@ class JobService:
         log.info("job %d queued: %s (%.1f MiB per device, priority %d)", job.id, job.name,
                  job.memory_bytes / 2**20, job.priority)
         return job
+
+    def _admit(self, sub: Submission) -> Admitted:
+        key = hashlib.sha256(json.dumps([sub.recipe, sub.recipe_yaml, list(sub.overrides), sub.num_gpus]).encode()).hexdigest()
+        with self._admitted_lock:
+            if key in self._admitted:
+                self._admitted.move_to_end(key)
+                return self._admitted[key]
+        cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots)
+        admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots)
+        with self._admitted_lock:
+            self._admitted[key] = admitted
+            while len(self._admitted) > ADMITTED_CACHE_SIZE:
+                self._admitted.popitem(last=False)
+        return admitted
 
     async def submit_async(self, sub: Submission) -> Job:
         """`submit` on the admission thread, so the event loop keeps answering while the planner runs."""
@@ -163,7 +196,7 @@ class JobService:
 
     def start(self) -> None:
         self.reconcile()
-        self._admit_pool.submit(_warm_up)  # the first submission need not wait for torch and the planner to import
+        self._admit_pool.submit(self.checker.warm)  # the first submission need not wait for torch and the planner
         self._thread = threading.Thread(target=self._loop, name="trainforge-scheduler", daemon=True)
         self._thread.start()
 
@@ -281,7 +314,7 @@ class JobService:
         paths = self.paths(job.id)
         slots = [self.slot_by_id[s] for s in job.slots]
         try:
-            paths.job_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(paths.job_dir)
             _write_atomic(paths.recipe, job.config_yaml)  # what was accepted, whatever a stale directory holds
             runner.kill_leftovers(paths.run_dir)
             argv = runner.train_argv(self.python, paths, slots, resume=job.resume)
@@ -301,8 +334,8 @@ class JobService:
         """A line from the server in the job's log (the log tells the job's whole story)."""
         try:
             path = self.paths(job_id).log
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as f:
+            private_dir(path.parent)
+            with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, PRIVATE_FILE), "a") as f:
                 f.write(f"{runner.LOG_HEADER} {text}\n")
         except OSError:
             pass
@@ -324,13 +357,6 @@ class JobService:
         return views
 
 
-def _warm_up() -> None:
-    from trainforge.planning import plan
-    from trainforge.training import api
-
-    del plan, api  # imported for their import time only
-
-
 def _pgid(pid: int) -> Optional[int]:
     try:
         return os.getpgid(pid)
@@ -338,9 +364,16 @@ def _pgid(pid: int) -> Optional[int]:
         return None
 
 
+def private_dir(path: Path) -> None:
+    """Create `path` (and parents) readable by this user only; an existing one is made so too."""
+    path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+    os.chmod(path, PRIVATE_DIR)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE), "w") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 
@@ -353,8 +386,8 @@ class StateDirLock:
         self._fd: Optional[int] = None
 
     def acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_dir(self.path.parent)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

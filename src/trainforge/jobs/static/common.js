@@ -1,19 +1,37 @@
-// Helpers shared by the dashboard pages. Same-origin fetches carry the token cookie when a token is set.
+// Helpers shared by the dashboard pages. The pages themselves hold no data: everything comes from the JSON
+// API. A server with a token: the token is asked for once per tab (or taken from a #token=... link, which
+// never reaches the server), kept in sessionStorage (this origin and tab only; no cookie another port could
+// receive) and sent as an Authorization header. State changes carry a header a cross-site form cannot send.
 "use strict";
+const TOKEN_KEY = "trainforge-token";
 const tf = {
-  async getJSON(url) {
-    const r = await fetch(url, { headers: { "Accept": "application/json" }, credentials: "same-origin" });
+  token() { return sessionStorage.getItem(TOKEN_KEY); },
+  headers(extra) {
+    const h = Object.assign({ "Accept": "application/json" }, extra || {});
+    const t = tf.token();
+    if (t) h["Authorization"] = "Bearer " + t;
+    return h;
+  },
+  async answer(r) {
+    if (r.status === 401) { tf.askToken(); throw new Error("this server needs its API token"); }
     if (!r.ok) throw new Error((await tf.detail(r)) || r.statusText);
     return r.json();
   },
+  async getJSON(url) {
+    return tf.answer(await fetch(url, { headers: tf.headers(), credentials: "omit", cache: "no-store" }));
+  },
   async postJSON(url, body) {
-    const r = await fetch(url, {
-      method: "POST", credentials: "same-origin",
-      headers: { "Content-Type": "application/json", "Accept": "application/json" },
+    return tf.answer(await fetch(url, {
+      method: "POST", credentials: "omit",
+      headers: tf.headers({ "Content-Type": "application/json", "X-Trainforge-Client": "dashboard" }),
       body: JSON.stringify(body || {}),
-    });
-    if (!r.ok) throw new Error((await tf.detail(r)) || r.statusText);
-    return r.json();
+    }));
+  },
+  askToken() {
+    const form = document.getElementById("login");
+    if (!form.hidden) return;
+    form.hidden = false;
+    document.getElementById("token-input").focus();
   },
   async detail(r) {
     try { return (await r.json()).detail; } catch (e) { return ""; }
@@ -37,7 +55,8 @@ const tf = {
     const td = tf.el("td");
     if (p.total_steps) {
       const bar = tf.el("span", { class: "bar" });
-      const fill = tf.el("span", { style: "width:" + Math.round(100 * (p.fraction || 0)) + "%" });
+      const fill = tf.el("span");
+      fill.style.width = Math.round(100 * (p.fraction || 0)) + "%";  // CSSOM: allowed by the page's CSP
       bar.appendChild(fill);
       td.appendChild(bar);
       td.appendChild(document.createTextNode(p.step + "/" + p.total_steps));
@@ -47,3 +66,15 @@ const tf = {
     return td;
   },
 };
+
+(function () {
+  if (location.hash.startsWith("#token=")) {  // a link the operator shared: keep the token, drop it from the address
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(location.hash.slice(7)));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  document.getElementById("login").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(TOKEN_KEY, document.getElementById("token-input").value.trim());
+    location.reload();
+  });
+})();

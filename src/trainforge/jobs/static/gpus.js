@@ -9,7 +9,9 @@
     tr.appendChild(tf.el("td", {}, s.name));
     const used = tf.el("td");
     const bar = tf.el("span", { class: "bar" });
-    bar.appendChild(tf.el("span", { style: "width:" + Math.min(100, Math.round(100 * s.reserved_bytes / s.memory_bytes)) + "%" }));
+    const fill = tf.el("span");
+    fill.style.width = Math.min(100, Math.round(100 * s.reserved_bytes / s.memory_bytes)) + "%";
+    bar.appendChild(fill);
     used.appendChild(bar);
     used.appendChild(document.createTextNode(tf.mib(s.reserved_bytes) + " / " + tf.mib(s.memory_bytes)));
     tr.appendChild(used);

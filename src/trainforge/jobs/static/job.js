@@ -35,6 +35,14 @@
 
   async function refreshJob() {
     const job = await tf.getJSON("/api/jobs/" + id);
+    document.title = "job " + job.id + " · " + job.name;
+    document.getElementById("job-name").textContent = job.name;
+    document.getElementById("job-recipe").textContent = job.recipe;
+    document.getElementById("job-overrides").textContent = job.overrides.join(" ");
+    document.getElementById("job-memory").textContent = tf.mib(job.memory_bytes);
+    document.getElementById("job-priority").textContent = job.priority;
+    document.getElementById("job-run-dir").textContent = job.run_dir;
+    document.getElementById("config").textContent = job.config_yaml;
     const st = document.getElementById("job-state");
     st.textContent = job.state;
     st.className = "state state-" + job.state;
@@ -47,7 +55,7 @@
   }
 
   async function refreshLog() {
-    if (logOffset === null) {  // start from the tail the page was rendered with
+    if (logOffset === null) {  // start from the tail
       const r = await tf.getJSON("/api/jobs/" + id + "/logs?offset=-20000");
       logEl.textContent = r.text;
       logOffset = r.offset;

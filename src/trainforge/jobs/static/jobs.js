@@ -60,6 +60,14 @@
     }
   });
 
+  async function recipes() {
+    const select = document.getElementById("recipe");
+    try {
+      select.replaceChildren(...(await tf.getJSON("/api/recipes")).map((r) => tf.el("option", { value: r }, r)));
+    } catch (e) { /* no token yet: the login form is showing */ }
+  }
+
+  recipes();
   refresh();
   setInterval(refresh, 2000);
 })();

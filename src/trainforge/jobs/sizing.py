@@ -1,0 +1,135 @@
+"""Sizing a submission off the server's threads: one child process per check, with a time and a memory cap.
+
+    checker = SizeChecker(data_roots=roots, timeout_s=120, memory_bytes=4 * 2**30, max_parallel=4)
+    checker.warm()                                    # start the fork server now, not on the first submission
+    admitted = checker.size(cfg, num_gpus=1, slots=slots)   # blocks this thread only; UserError on any failure
+
+Reading a submission's data and simulating its model can take long and much memory (a folder of a million
+images, a synthetic set of a billion samples). So it happens in a child forked from a fork server that has
+imported torch and the planner once (a check starts in milliseconds), with RLIMIT_AS capping its memory, a
+deadline after which it is killed, and at most `max_parallel` checks at a time: another submission is
+answered at once with "busy" instead of waiting behind a slow one. The child reports only a public line
+(`errors.public_message`); its full error goes to the server's log.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from trainforge.config import config_from_yaml_text
+from trainforge.data.roots import ENV as ROOTS_ENV
+from trainforge.data.roots import roots_env
+from trainforge.errors import UserError
+from trainforge.jobs.admission import Admitted, size_submission
+from trainforge.jobs.slots import Slot
+
+log = logging.getLogger("trainforge.jobs")
+
+CONTEXT = multiprocessing.get_context("forkserver")
+CONTEXT.set_forkserver_preload(["trainforge.jobs.admission"])  # torch, data sources and planner, imported once
+
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MEMORY_BYTES = 4 * 2**30
+DEFAULT_PARALLEL = 4
+
+
+class Busy(UserError):
+    """Every check slot is taken: the client should retry (HTTP 503)."""
+
+
+class SizeChecker:
+    def __init__(self, *, data_roots: Sequence[Path] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
+                 memory_bytes: int = DEFAULT_MEMORY_BYTES, max_parallel: int = DEFAULT_PARALLEL) -> None:
+        self.roots_env = roots_env(data_roots)
+        self.timeout_s = timeout_s
+        self.memory_bytes = memory_bytes
+        self.max_parallel = max_parallel
+        self._free = threading.BoundedSemaphore(max_parallel)
+
+    def warm(self) -> None:
+        proc = CONTEXT.Process(target=_noop, daemon=True)
+        proc.start()
+        proc.join()
+
+    def size(self, cfg_yaml: str, num_gpus: int, slots: Sequence[Slot]) -> Admitted:
+        if not self._free.acquire(blocking=False):
+            raise Busy(f"the server is checking {self.max_parallel} submissions already; retry in a few seconds",
+                       public=True)
+        try:
+            return self._run(cfg_yaml, num_gpus, list(slots))
+        finally:
+            self._free.release()
+
+    def _run(self, cfg_yaml: str, num_gpus: int, slots: list[Slot]) -> Admitted:
+        receive, send = CONTEXT.Pipe(duplex=False)
+        proc = CONTEXT.Process(target=_check, args=(send, cfg_yaml, num_gpus, slots, self.roots_env, self.memory_bytes),
+                               daemon=True, name="trainforge-size-check")
+        proc.start()
+        send.close()
+        try:
+            if not receive.poll(self.timeout_s):
+                proc.kill()
+                raise UserError(f"data: checking this submission took longer than {self.timeout_s:.0f} s (its data is "
+                                "read to size the job); use less data, or ask the operator for a longer "
+                                "--admission-timeout-s", public=True)
+            try:
+                kind, payload = receive.recv()
+            except EOFError:
+                proc.join()
+                raise UserError(f"data: the check of this submission ended abruptly (exit {proc.exitcode}); it may "
+                                f"need more than the {self.memory_bytes / 2**30:.1f} GiB a check may use", public=True) from None
+        finally:
+            receive.close()
+            proc.join(timeout=10)
+        if kind == "ok":
+            return payload
+        if kind == "memory":
+            raise UserError(f"data: checking this submission needs more than the {self.memory_bytes / 2**30:.1f} GiB "
+                            "of memory a check may use; use less data or a smaller model", public=True)
+        raise UserError(payload, public=True)
+
+
+def _noop() -> None:
+    pass
+
+
+def _cap_memory(extra_bytes: int) -> None:
+    """RLIMIT_AS at what the process maps now (torch's libraries) plus `extra_bytes`."""
+    import resource  # POSIX only; the server runs on Linux
+
+    with open("/proc/self/statm") as f:
+        mapped_bytes = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = mapped_bytes + extra_bytes
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], roots: str, memory_bytes: int) -> None:
+    """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
+    import torch
+
+    try:
+        torch.set_num_threads(1)  # one core per check: the server and the running jobs keep theirs
+        os.environ[ROOTS_ENV] = roots  # the data sources enforce the roots exactly as in the job itself
+        _cap_memory(memory_bytes)
+        result: tuple[str, Any] = ("ok", size_submission(config_from_yaml_text(cfg_yaml), num_gpus, slots))
+    except UserError as e:
+        shown = e.public if isinstance(e.public, str) else str(e)
+        if shown != str(e):  # the operator sees what the submitter may not (the fork server's stderr is the server's)
+            log.warning("submission refused: %s", e)
+        result = ("error", shown)
+    except MemoryError:
+        result = ("memory", "")
+    except Exception as e:  # noqa: BLE001 - a crash in the check is the submission's problem, never the server's
+        if "can't allocate memory" in str(e) or "out of memory" in str(e).lower():
+            result = ("memory", "")
+        else:
+            log.exception("size check failed")
+            result = ("error", f"the check of this submission failed ({type(e).__name__}); the server's log has "
+                               "the details")
+    conn.send(result)
+    conn.close()
