@@ -81,7 +81,7 @@ def test_twenty_jobs_survive_random_kills_and_a_server_crash(tmp_path):
     server = ServerProcess(tmp_path, state, free_port(), slot_memory_gb=1.5 * quick_job_bytes() / 2**30)
     server.start()
     try:
-        client = httpx.Client(base_url=server.url, timeout=120)
+        client = httpx.Client(base_url=server.url, timeout=120, headers={"X-Trainforge-Client": "test"})
         for i in range(NUM_JOBS):
             r = client.post("/api/jobs", json={"recipe": "digits_cnn", "overrides": QUICK, "max_restarts": 10})
             assert r.status_code == 201, r.text
