@@ -37,18 +37,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trainforge.errors import UserError
 from trainforge.jobs import runner
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
-from trainforge.jobs.admission import Admitted, load_submission
 from trainforge.jobs.progress import progress
 from trainforge.jobs.scheduler import Pending, Placed, assign, never_fits
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
 from trainforge.jobs.slots import Slot
 from trainforge.jobs.store import FINAL_STATES, Job, Store
+
+if TYPE_CHECKING:
+    from trainforge.jobs.admission import Admitted
 
 log = logging.getLogger("trainforge.jobs")
 
@@ -159,12 +161,22 @@ class JobService:
                  job.memory_bytes / 2**20, job.priority)
         return job
 
-    def _admit(self, sub: Submission) -> Admitted:
+    def _warm_up(self) -> None:
+        """Import admission (torch, the registries) and start the fork server, after the server is up: a
+        restarted server must adopt its running jobs at once, not after seconds of imports."""
+        from trainforge.jobs import admission
+
+        del admission
+        self.checker.warm()
+
+    def _admit(self, sub: Submission) -> "Admitted":
         key = hashlib.sha256(json.dumps([sub.recipe, sub.recipe_yaml, list(sub.overrides), sub.num_gpus]).encode()).hexdigest()
         with self._admitted_lock:
             if key in self._admitted:
                 self._admitted.move_to_end(key)
                 return self._admitted[key]
+        from trainforge.jobs.admission import load_submission  # heavy (torch): imported by start()'s warm-up
+
         cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots)
         admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots)
         with self._admitted_lock:
@@ -196,7 +208,7 @@ class JobService:
 
     def start(self) -> None:
         self.reconcile()
-        self._admit_pool.submit(self.checker.warm)  # the first submission need not wait for torch and the planner
+        self._admit_pool.submit(self._warm_up)  # the first submission need not wait for torch and the planner
         self._thread = threading.Thread(target=self._loop, name="trainforge-scheduler", daemon=True)
         self._thread.start()
 

@@ -18,14 +18,15 @@ import multiprocessing
 import os
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from trainforge.config import config_from_yaml_text
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
 from trainforge.errors import UserError
-from trainforge.jobs.admission import Admitted, size_submission
 from trainforge.jobs.slots import Slot
+
+if TYPE_CHECKING:
+    from trainforge.jobs.admission import Admitted
 
 log = logging.getLogger("trainforge.jobs")
 
@@ -110,7 +111,10 @@ def _cap_memory(extra_bytes: int) -> None:
 
 def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], roots: str, memory_bytes: int) -> None:
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
-    import torch
+    import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
+
+    from trainforge.config import config_from_yaml_text
+    from trainforge.jobs.admission import size_submission
 
     try:
         torch.set_num_threads(1)  # one core per check: the server and the running jobs keep theirs
