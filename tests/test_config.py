@@ -39,7 +39,6 @@ BAD_OVERRIDES = [
     (["train.bogus=1"], "train.bogus: unknown key; valid keys here: epochs"),
     (["colour=red"], "colour: unknown key"),
     (["train.precision=fp8"], "train.precision: input should be 'auto', 'fp32', 'bf16' or 'fp16'"),
-    (["train.global_batch_size=100", "train.micro_batch_size=64"], "must be a multiple of train.micro_batch_size"),
     (["train.device=tpu"], "train.device: expected one of auto, cpu, cuda"),
     (["data.val_fraction=0.5", "data.test_fraction=0.45"], "must leave at least 10% for training"),
     (["data.augment.crop_scale=[0.9, 0.5]"], "data.augment.crop_scale"),

@@ -32,13 +32,17 @@ class Section(BaseModel):
 
 
 class AugmentConfig(Section):
-    """Train-split augmentation (torchvision.transforms.v2); all off by default."""
+    """Train-split augmentation; all off by default. Images: torchvision.transforms.v2 ops; text
+    classification: the token_* ops (trainforge.data.augment.TextAugment)."""
 
     rotation_deg: float = Field(0.0, ge=0, le=180)
     crop_scale: Optional[tuple[float, float]] = None  # RandomResizedCrop scale range, e.g. [0.8, 1.0]
     hflip: float = Field(0.0, ge=0, le=1)  # probability
     vflip: float = Field(0.0, ge=0, le=1)
     color_jitter: float = Field(0.0, ge=0, le=1)  # brightness/contrast/saturation strength
+    token_crop: Optional[float] = Field(None, gt=0, le=1)  # text: keep a random window of >= this fraction
+    token_dropout: float = Field(0.0, ge=0, le=0.5)  # text: probability each token is deleted
+    token_mask: float = Field(0.0, ge=0, le=0.5)  # text: probability each token becomes the pad id
 
     @field_validator("crop_scale")
     @classmethod
@@ -153,15 +157,6 @@ class TrainConfig(Section):
         if kind not in valid:
             raise ValueError(f"expected one of {', '.join(valid)} (optionally with :N), got {quote(v)}")
         return v
-
-    @model_validator(mode="after")
-    def _batches(self) -> "TrainConfig":
-        if isinstance(self.micro_batch_size, int) and self.global_batch_size % self.micro_batch_size:
-            raise ValueError(
-                f"train.global_batch_size ({self.global_batch_size}) must be a multiple of "
-                f"train.micro_batch_size ({self.micro_batch_size}); accumulation = global / (micro x world size)"
-            )
-        return self
 
 
 class DistributedConfig(Section):

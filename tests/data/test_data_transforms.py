@@ -1,6 +1,8 @@
 """Normalization fitted on train only; augmentation as a pure function of (seed, epoch, index)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -25,7 +27,7 @@ def test_zscore_stats_come_from_the_train_split_only(tmp_path):
     np.testing.assert_allclose(stats["std"], raw.std(0, unbiased=False).tolist(), rtol=1e-9)
     everything = bundle.train.samples.x.double()
     assert not np.allclose(stats["mean"], everything.mean(0).tolist())  # val/test rows did not leak in
-    assert bundle.report["normalization"] == stats
+    assert bundle.report["normalization"] == {**stats, "constant_feature_names": []}
     xs = torch.stack([bundle.train[(0, i)][0] for i in range(len(bundle.train))])
     torch.testing.assert_close(xs.mean(0), torch.zeros(2), atol=1e-5, rtol=0)
     torch.testing.assert_close(xs.std(0, unbiased=False), torch.ones(2), atol=1e-5, rtol=0)
@@ -45,12 +47,41 @@ def test_image_zscore_is_per_channel_and_minmax_maps_train_to_unit_range():
 
 
 def test_std_floor_and_json_round_trip():
-    batch = torch.ones(5, 3, 2, 2)  # constant channels: std 0 -> floored
+    batch = torch.ones(5, 3, 2, 2)
+    batch[:, 0] = 0.0
+    batch[:, 0, 0, 0] = torch.arange(5) * 1e-9  # a tiny but real spread: std floored at 1e-6
     norm = fit_normalizer("zscore", [batch[:2], batch[2:]], "image")
-    assert norm.to_json()["std"] == [1e-6] * 3
+    assert norm.to_json()["std"] == [1e-6, 1.0, 1.0] and norm.to_json()["constant_features"] == [1, 2]
     again = Normalizer.from_json(norm.to_json(), "image")
     x = torch.randn(3, 2, 2)
     torch.testing.assert_close(again(x), norm(x))
+
+
+@pytest.mark.parametrize("kind", ["zscore", "minmax"])
+def test_a_feature_constant_in_train_is_only_centred(kind):
+    """Regression: a constant train feature was divided by the 1e-6 floor, so 2.0 in validation became 1e6."""
+    train = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0], [1.0, 4.0]])
+    norm = fit_normalizer(kind, [train[:2], train[2:]], "tabular")
+    assert norm.to_json()["constant_features"] == [0]
+    assert norm(train)[:, 0].tolist() == [0.0] * 4
+    val = torch.tensor([2.0, 3.0])
+    assert norm(val)[0].item() == 1.0  # centred only: 2.0 - 1.0, scale 1
+    again = Normalizer.from_json(json.loads(json.dumps(norm.to_json())), "tabular")
+    assert torch.equal(again(val), norm(val))
+    # a large constant value: sums of squares are not exactly 0, min == max is
+    big = fit_normalizer(kind, [torch.full((7, 1), 123456.7)], "tabular")
+    assert big.to_json()["constant_features"] == [0] and big(torch.tensor([123457.7])).item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kind", ["zscore", "minmax"])
+def test_the_data_report_lists_constant_features(tmp_path, kind):
+    path = tmp_path / "t.csv"
+    path.write_text("f,const,g,label\n" + "".join(f"{i},7.5,{i % 3},{i % 2}\n" for i in range(40)))
+    bundle = build_data(data_cfg("csv", path=str(path), normalize=kind), seed=0)
+    norm = bundle.report["normalization"]
+    assert norm["constant_features"] == [1] and norm["constant_feature_names"] == ["const"]
+    assert bundle.preprocess["normalize"]["constant_features"] == [1]
+    assert all(bundle.val[i][0][1].item() == 0.0 for i in range(len(bundle.val)))
 
 
 def test_lazy_sources_fit_on_at_most_2000_samples(monkeypatch):
@@ -130,6 +161,6 @@ def test_derive_seed_is_stable_and_distinct():
 
 def test_augment_on_text_warns_and_is_ignored():
     cfg = data_cfg("synthetic_text", args={"num_samples": 20}, augment={"hflip": 0.5})
-    with pytest.warns(UserWarning, match="data.augment is ignored"):
+    with pytest.warns(UserWarning, match=r"data.augment.hflip ignored: image augmentation does not apply to text"):
         bundle = build_data(cfg, seed=0)
     assert bundle.train.augment is None

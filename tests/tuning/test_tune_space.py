@@ -40,8 +40,6 @@ BAD = {
     "key below a value": ("optim.lr.max: {type: float, low: 0.1, high: 1}", "optim.lr is a value, not a section"),
     "value the config refuses": ("train.label_smoothing: {type: float, low: 0.0, high: 1.5}",
                                  "train.label_smoothing = 1.5 gives an invalid config: train.label_smoothing"),
-    "batch not a multiple of micro": ("train.global_batch_size: {type: categorical, choices: [32, 64]}",
-                                      "train.global_batch_size = 32 gives an invalid config"),
     "model argument out of range": ("model.args.dropout: {type: float, low: 0.0, high: 1.5}",
                                     "model.args.dropout = 1.5 gives an invalid config: model.args.dropout: expected a number in [0, 1)"),
     "unknown model argument": ("model.args.depth: {type: int, low: 1, high: 4}", "model.args.depth: unknown argument for model 'cnn'"),

@@ -60,6 +60,11 @@ def normalization(stats: Optional[dict[str, Any]], width: int, modality: str, ar
     if len(a) != width or len(b) != width:
         raise UserError(f"{artifact}: {kind} statistics for {len(a)} channels/features, the model takes {width}; re-export it")
     scale = np.maximum(b if kind == "zscore" else b - a, STD_FLOOR)
+    constant = stats.get("constant_features", [])  # constant in the train split: scale 1, only centred
+    if not isinstance(constant, list) or not all(isinstance(i, int) and 0 <= i < width for i in constant):
+        raise UserError(f"{artifact}: its normalization's constant_features must be channel/feature indices "
+                        f"below {width}; re-export it")
+    scale[constant] = 1.0
     view = (-1, 1, 1) if modality == "image" else (-1,)
     return a.astype(np.float32).reshape(view), scale.astype(np.float32).reshape(view)
 

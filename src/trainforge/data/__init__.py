@@ -2,6 +2,7 @@
 
     from trainforge.data import build_data
     bundle = build_data(cfg.data, seed=cfg.seed)     # DataBundle: info, train, val, test, preprocess, report
+    summary = summarize(bundle.report)                # console line, warnings, --json counts
 
 Sources are looked up in `SOURCES` by `data.source`; loaders live in `trainforge.data.loader`.
 The names below load on first use, so torch-free modules of this package (`text`, `imageio`) serve
@@ -17,6 +18,8 @@ _LAZY = {
     "DataInfo": "trainforge.data.base",
     "build_data": "trainforge.data.pipeline",
     "SOURCES": "trainforge.data.sources",
+    "DataSummary": "trainforge.data.summary",
+    "summarize": "trainforge.data.summary",
 }
 __all__ = sorted(_LAZY)
 

@@ -1,12 +1,14 @@
-"""Train-split image augmentation whose randomness comes only from a per-sample generator.
+"""Train-split augmentation whose randomness comes only from a per-sample generator.
 
-    aug = build_augment(cfg.augment, channels=3, value_range=(0.0, 1.0))   # None when all off
+    aug = build_augment(cfg.augment, channels=3, value_range=(0.0, 1.0))   # images; None when all off
+    aug = build_text_augment(cfg.augment)                                  # text classification
     x = aug(x, generator_for("augment", seed, epoch, index))
 
-Ops (torchvision.transforms.v2 functional), in this order: rotation, random resized crop,
-horizontal flip, vertical flip, colour jitter. Every random number is drawn from the given
-generator, so the same key gives bit-identical output in any process and the global RNG is untouched.
-Applied to raw pixel values, before normalization.
+Image ops (torchvision.transforms.v2 functional), in this order: rotation, random resized crop,
+horizontal flip, vertical flip, colour jitter; applied to raw pixel values, before normalization.
+Text ops on token ids, in this order: window crop, token dropout, token masking (see TextAugment).
+Every random number is drawn from the given generator, so the same key gives bit-identical output
+in any process and the global RNG is untouched.
 """
 from __future__ import annotations
 
@@ -18,8 +20,12 @@ import torch
 import torchvision.transforms.v2.functional as TF
 
 from trainforge.config import AugmentConfig
+from trainforge.data.text import PAD_ID
 
 CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio range of RandomResizedCrop
+MIN_WINDOW_TOKENS = 8  # a text window crop keeps at least this many tokens (all of a shorter text)
+IMAGE_OPS = ("rotation_deg", "crop_scale", "hflip", "vflip", "color_jitter")
+TEXT_OPS = ("token_crop", "token_dropout", "token_mask")
 
 
 def _uniform(g: torch.Generator, low: float, high: float) -> float:
@@ -81,9 +87,63 @@ class Augment:
         return x * span + lo
 
 
+@dataclass(frozen=True)
+class TextAugment:
+    """Token-level augmentation of one right-padded (T,) int64 sequence; the output has the same shape.
+
+    The text is the tokens up to the last non-pad one (PAD_ID inside it stays a token). In order:
+    - token_crop f: keep a random contiguous window of L tokens, L uniform in
+      [max(ceil(f * n), min(n, MIN_WINDOW_TOKENS)), n], moved to the start;
+    - token_dropout p: delete each token with probability p (never all of them);
+    - token_mask p: replace each token by PAD_ID with probability p (never all of them); the text
+      models ignore pad positions, so a masked token is hidden without shifting the others.
+    The result is right-padded with PAD_ID back to T.
+    """
+
+    cfg: AugmentConfig
+
+    def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        cfg = self.cfg
+        real = torch.nonzero(x != PAD_ID)
+        n = int(real[-1]) + 1 if len(real) else 0
+        if n == 0:
+            return x
+        tokens = x[:n]
+        if cfg.token_crop is not None:
+            low = max(math.ceil(cfg.token_crop * n), min(n, MIN_WINDOW_TOKENS))
+            length = low + _randint(g, n - low + 1)
+            start = _randint(g, n - length + 1)
+            tokens = tokens[start : start + length]
+        if cfg.token_dropout > 0:
+            keep = torch.rand(len(tokens), generator=g) >= cfg.token_dropout
+            if keep.any():
+                tokens = tokens[keep]
+        if cfg.token_mask > 0:
+            masked = torch.rand(len(tokens), generator=g) < cfg.token_mask
+            if not masked.all():
+                tokens = tokens.masked_fill(masked, PAD_ID)
+        out = torch.full_like(x, PAD_ID)
+        out[: len(tokens)] = tokens
+        return out
+
+
+def image_ops_set(cfg: AugmentConfig) -> list[str]:
+    """The image augmentation settings that are switched on, by name."""
+    return [name for name in IMAGE_OPS if getattr(cfg, name)]
+
+
+def text_ops_set(cfg: AugmentConfig) -> list[str]:
+    """The text augmentation settings that are switched on, by name."""
+    return [name for name in TEXT_OPS if getattr(cfg, name)]
+
+
 def is_enabled(cfg: AugmentConfig) -> bool:
-    return bool(cfg.rotation_deg or cfg.crop_scale or cfg.hflip or cfg.vflip or cfg.color_jitter)
+    return bool(image_ops_set(cfg) or text_ops_set(cfg))
 
 
 def build_augment(cfg: AugmentConfig, *, channels: int, value_range: tuple[float, float]) -> Optional[Augment]:
-    return Augment(cfg, channels, value_range) if is_enabled(cfg) else None
+    return Augment(cfg, channels, value_range) if image_ops_set(cfg) else None
+
+
+def build_text_augment(cfg: AugmentConfig) -> Optional[TextAugment]:
+    return TextAugment(cfg) if text_ops_set(cfg) else None

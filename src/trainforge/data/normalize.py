@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -17,7 +17,7 @@ STD_FLOOR = 1e-6
 class Normalizer:
     """x -> (x - shift) / scale with per-channel (image: C,1,1) or per-feature (tabular: F) parameters."""
 
-    def __init__(self, kind: str, shift: torch.Tensor, scale: torch.Tensor, stats: dict[str, list[float]]) -> None:
+    def __init__(self, kind: str, shift: torch.Tensor, scale: torch.Tensor, stats: dict[str, Any]) -> None:
         self.kind, self.shift, self.scale, self.stats = kind, shift, scale, stats
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -33,11 +33,12 @@ class Normalizer:
         kind = data["kind"]
         if kind == "none":
             return identity()
+        constant = data.get("constant_features", [])  # absent in models saved before constant features had scale 1
         if kind == "zscore":
-            return _make(kind, torch.tensor(data["mean"]), torch.tensor(data["std"]), modality)
+            return _make(kind, torch.tensor(data["mean"]), torch.tensor(data["std"]), modality, constant)
         if kind == "minmax":
             lo, hi = torch.tensor(data["min"]), torch.tensor(data["max"])
-            return _make(kind, lo, hi, modality)
+            return _make(kind, lo, hi, modality, constant)
         raise ValueError(f"unknown normalization kind {kind!r}")
 
 
@@ -45,23 +46,33 @@ def identity() -> Normalizer:
     return Normalizer("none", torch.zeros(()), torch.ones(()), {})
 
 
-def _make(kind: str, a: torch.Tensor, b: torch.Tensor, modality: str) -> Normalizer:
-    """zscore: a = mean, b = std; minmax: a = min, b = max."""
+def _make(kind: str, a: torch.Tensor, b: torch.Tensor, modality: str, constant: Sequence[int]) -> Normalizer:
+    """zscore: a = mean, b = std; minmax: a = min, b = max.
+
+    A feature (channel) in `constant` had one value in all of the train split: dividing by a floored
+    spread would turn any other value seen later into ~1e6, so it gets scale 1 and is only centred.
+    The zscore `std` stored is the divisor used (floored; 1 for constant features).
+    """
     a, b = a.double(), b.double()
+    is_constant = torch.zeros(a.shape, dtype=torch.bool)
+    is_constant[list(constant)] = True
+    spread = b if kind == "zscore" else b - a
+    scale = torch.where(is_constant, torch.ones_like(spread), spread.clamp_min(STD_FLOOR))
     if kind == "zscore":
-        shift, scale = a, b.clamp_min(STD_FLOOR)
-        stats = {"mean": a.tolist(), "std": scale.tolist()}
+        stats: dict[str, Any] = {"mean": a.tolist(), "std": scale.tolist()}
     else:
-        shift, scale = a, (b - a).clamp_min(STD_FLOOR)
         stats = {"min": a.tolist(), "max": b.tolist()}
+    stats["constant_features"] = [int(i) for i in constant]
     view = (-1, 1, 1) if modality == "image" else (-1,)
-    return Normalizer(kind, shift.float().reshape(view), scale.float().reshape(view), stats)
+    return Normalizer(kind, a.float().reshape(view), scale.float().reshape(view), stats)
 
 
 def fit_normalizer(kind: str, batches: Iterable[torch.Tensor], modality: str) -> Normalizer:
     """Fit on raw train batches (B, C, H, W) or (B, F), streaming, in float64.
 
     Channels are axis 1 of a batch for both image and tabular data, so one reduction serves both.
+    A channel is constant when its train minimum equals its maximum, exactly: a variance from sums
+    of squares is not exactly 0 for a constant value.
     """
     if kind == "none":
         return identity()
@@ -72,13 +83,14 @@ def fit_normalizer(kind: str, batches: Iterable[torch.Tensor], modality: str) ->
             x = batch.double()
             s, sq = x.sum(dim=dims), (x * x).sum(dim=dims)
             total, total_sq = (s, sq) if total is None else (total + s, total_sq + sq)
-        else:
-            mn, mx = batch.amin(dim=dims).double(), batch.amax(dim=dims).double()
-            lo, hi = (mn, mx) if lo is None else (torch.minimum(lo, mn), torch.maximum(hi, mx))
+        mn, mx = batch.amin(dim=dims).double(), batch.amax(dim=dims).double()
+        lo, hi = (mn, mx) if lo is None else (torch.minimum(lo, mn), torch.maximum(hi, mx))
         count += batch.numel() // batch.shape[1]
     assert count > 0, "fit_normalizer needs at least one sample"
+    constant = torch.nonzero(lo == hi).flatten().tolist()
     if kind == "zscore":
         mean = total / count
         std = (total_sq / count - mean * mean).clamp_min(0).sqrt()
-        return _make(kind, mean, std, modality)
-    return _make(kind, lo, hi, modality)
+        mean[lo == hi] = lo[lo == hi]  # exactly the value: a constant feature is centred to exactly 0
+        return _make(kind, mean, std, modality, constant)
+    return _make(kind, lo, hi, modality, constant)

@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import numpy as np
 import torch
 
-from trainforge.config import DataConfig
-from trainforge.data.augment import build_augment, is_enabled
-from trainforge.data.base import DataBundle
+from trainforge.config import AugmentConfig, DataConfig
+from trainforge.data.augment import (
+    Augment,
+    TextAugment,
+    build_augment,
+    build_text_augment,
+    image_ops_set,
+    text_ops_set,
+)
+from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.clean import clean_tensor_pool
 from trainforge.data.datasets import EvalDataset, TrainDataset
 from trainforge.data.normalize import Normalizer, fit_normalizer, identity
@@ -49,11 +56,7 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
     scaled = info.modality in ("image", "tabular")
     normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
     normalize = None if normalizer.kind == "none" else normalizer
-    augment = None
-    if info.modality == "image":
-        augment = build_augment(cfg.augment, channels=info.input_shape[0], value_range=pool.value_range)
-    elif is_enabled(cfg.augment):
-        warnings.warn(f"data.augment is ignored: augmentation applies to images, this data is {info.modality}")
+    augment = choose_augment(cfg.augment, info, pool.value_range)
 
     preprocess: dict[str, Any] = {"modality": info.modality, "task": info.task, **pool.preprocess}
     if scaled:
@@ -70,6 +73,28 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
         preprocess=preprocess,
         report=data_report(cfg.source, pool, splits, method, normalizer),
     )
+
+
+def choose_augment(
+    cfg: AugmentConfig, info: DataInfo, value_range: tuple[float, float]
+) -> Union[Augment, TextAugment, None]:
+    """The train-split augmenter for this data; a warning names each setting that does not apply."""
+    image_ops, text_ops = image_ops_set(cfg), text_ops_set(cfg)
+    if info.modality == "image":
+        _warn_ignored(text_ops, "token augmentation applies to text classification, this data is images")
+        return build_augment(cfg, channels=info.input_shape[0], value_range=value_range)
+    if info.modality == "text" and info.task == "classification":
+        _warn_ignored(image_ops, "image augmentation does not apply to text; use data.augment.token_*")
+        return build_text_augment(cfg)
+    what = "language modelling" if info.task == "lm" else f"{info.modality} data"
+    _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not {what}")
+    return None
+
+
+def _warn_ignored(names: list[str], why: str) -> None:
+    if names:
+        keys = ", ".join(f"data.augment.{n}" for n in names)
+        warnings.warn(f"{keys} ignored: {why}")
 
 
 def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
@@ -117,7 +142,16 @@ def data_report(
             name: class_counts(pool.labels[idx], pool.info.class_names) for name, idx in splits.items()
         }
     report["normalization"] = normalizer.to_json()
+    feature_names = pool.preprocess.get("feature_names")
+    if feature_names and normalizer.kind != "none":
+        report["normalization"]["constant_feature_names"] = [
+            feature_names[i] for i in normalizer.stats["constant_features"]
+        ]
     report.update(pool.notes)
+    if pool.labels is not None and pool.notes.get("classes_declared") is False:
+        # classes inferred from the labels: a label kept once (a typo, an id column) became a class of its own
+        once = np.flatnonzero(np.bincount(pool.labels, minlength=len(pool.info.class_names)) == 1)
+        report["classes_seen_once"] = [pool.info.class_names[i] for i in once]
     return report
 
 

@@ -6,6 +6,7 @@ model, so unknown keys and wrong types become one-line UserErrors naming `data.a
 """
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
@@ -66,6 +67,17 @@ def class_names_for(labels: list[str], declared: Optional[list[Any]]) -> list[st
     if all(_is_int(s) for s in unique):
         return sorted(unique, key=int)
     return sorted(unique)
+
+
+MAX_UNKNOWN_LABELS = 10  # labels outside the declared classes named in the data report (most frequent first)
+
+
+def label_notes(declared: Optional[list[str]], unknown: Counter[str]) -> dict[str, Any]:
+    """Data-report facts about labels: whether `classes` was declared, and which labels it left out."""
+    notes: dict[str, Any] = {"classes_declared": declared is not None}
+    if declared is not None:
+        notes["labels_not_in_classes"] = dict(unknown.most_common(MAX_UNKNOWN_LABELS))
+    return notes
 
 
 def label_text(value: Any) -> Optional[str]:

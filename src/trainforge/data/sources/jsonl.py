@@ -6,6 +6,7 @@ texts as empty_text, missing labels or labels outside the declared `classes` as 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Optional, Union
 
 import torch
@@ -18,6 +19,7 @@ from trainforge.data.sources.common import (
     SOURCES,
     SourceArgs,
     class_names_for,
+    label_notes,
     label_text,
     parse_args,
     require_path,
@@ -41,7 +43,7 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
     if not path.is_file():
         raise UserError(f"data.path: {path} is a folder; point it at a JSONL file", public=True)
     declared = class_names_for([], a.classes) if a.classes else None
-    drops = DropLog()
+    drops, unknown = DropLog(), Counter[str]()
     tokens, labels, ids = [], [], []
     with path.open(encoding="utf-8", errors="replace") as f:
         for line_no, line in enumerate(f, start=1):
@@ -62,6 +64,8 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
             label = label_text(record.get(a.label_field))
             if label is None or (declared is not None and label not in declared):
                 drops.drop("bad_label", ident)
+                if label is not None:
+                    unknown[label] += 1
                 continue
             tokens.append(encode(body, a.seq_len))
             labels.append(label)
@@ -81,4 +85,5 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
         rows_read=len(ids) + drops.total,
         drops=drops,
         preprocess={"tokenizer": "bytes", "seq_len": a.seq_len, "vocab_size": BYTES_VOCAB_SIZE},
+        notes=label_notes(declared, unknown),
     )

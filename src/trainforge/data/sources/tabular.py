@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections import Counter
 from typing import Optional, Union
 
 import torch
@@ -15,7 +16,14 @@ import torch
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import DropLog, Pool, TensorSamples
-from trainforge.data.sources.common import SOURCES, SourceArgs, class_names_for, parse_args, require_path
+from trainforge.data.sources.common import (
+    SOURCES,
+    SourceArgs,
+    class_names_for,
+    label_notes,
+    parse_args,
+    require_path,
+)
 from trainforge.errors import UserError, quote
 
 
@@ -64,7 +72,7 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
         raise UserError(f"data.path: {path.name} has no feature columns besides {a.label_column!r}", public=True)
 
     declared = class_names_for([], a.classes) if a.classes else None
-    drops = DropLog()
+    drops, unknown = DropLog(), Counter[str]()
     features, labels, ids = [], [], []
     for line, row in enumerate(rows[1:], start=2):  # line numbers as an editor shows them
         if not any(cell.strip() for cell in row):
@@ -76,6 +84,8 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
         label = row[label_at].strip()
         if not label or (declared is not None and label not in declared):
             drops.drop("bad_label", ident)
+            if label:
+                unknown[label] += 1
             continue
         values = []
         for i in feature_cols:
@@ -104,4 +114,5 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
         rows_read=len(ids) + drops.total,
         drops=drops,
         preprocess={"num_features": len(feature_cols), "feature_names": [header[i] for i in feature_cols]},
+        notes=label_notes(declared, unknown),
     )

@@ -1,0 +1,110 @@
+"""What a user should see about the data on the console, computed from data_report.json's content.
+
+    s = summarize(bundle.report)
+    console.print(s.line)                     # data: 1,202 rows read, 1,071 kept, dropped 131 (...); splits ...
+    for w in s.warnings: console.print(w)     # in yellow
+    json_result["data"] = s.counts            # --json: the same numbers
+
+A pure function of the report dict (`trainforge.data.pipeline.data_report`), so it also works on a
+data_report.json read back from a run directory. Warnings are raised when more than
+DROP_WARN_FRACTION of the rows were dropped, when a class has fewer than MIN_CLASS_SAMPLES samples,
+and when labels seen once became classes of their own because `data.args.classes` was not declared.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from trainforge.errors import quote
+
+DROP_WARN_FRACTION = 0.05  # warn when more than this share of the rows read was dropped
+MIN_CLASS_SAMPLES = 5  # warn about classes with fewer samples than this (all splits together)
+MAX_NAMED = 5  # classes or labels named in one warning; the rest are counted
+MAX_NAME_CHARS = 40  # a label value named in a warning is cut to about this many characters
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    line: str  # one line: rows read, kept, dropped by reason, split sizes
+    warnings: tuple[str, ...]  # one line each, to print highlighted; empty for clean data
+    counts: dict[str, Any]  # JSON-able: rows_read, rows_kept, dropped {reason: n}, dropped_total, splits, warnings
+
+
+def summarize(report: Mapping[str, Any]) -> DataSummary:
+    """The console line, the warnings and the --json counts for one data report."""
+    read = int(report.get("rows_read", 0))
+    kept = int(report.get("rows_kept", 0))
+    dropped = {reason: int(n) for reason, n in report.get("dropped", {}).items()}
+    total = sum(dropped.values())
+    splits = {name: int(n) for name, n in report.get("splits", {}).items()}
+    warnings = tuple(w for w in (_drop_warning(report, read, dropped), *_class_warnings(report)) if w)
+    counts = {
+        "rows_read": read,
+        "rows_kept": kept,
+        "dropped": dropped,
+        "dropped_total": total,
+        "splits": splits,
+        "warnings": list(warnings),
+    }
+    return DataSummary(line=_line(read, kept, dropped, splits), warnings=warnings, counts=counts)
+
+
+def _reasons(dropped: Mapping[str, int]) -> str:
+    return ", ".join(f"{reason} {n:,}" for reason, n in dropped.items() if n)
+
+
+def _line(read: int, kept: int, dropped: Mapping[str, int], splits: Mapping[str, int]) -> str:
+    total = sum(dropped.values())
+    line = f"data: {read:,} rows read, {kept:,} kept, dropped {total:,}"
+    if total:
+        line += f" ({_reasons(dropped)})"
+    if splits:
+        line += "; splits " + " / ".join(f"{name} {n:,}" for name, n in splits.items())
+    return line
+
+
+def _name(value: Any) -> str:
+    return quote(str(value), MAX_NAME_CHARS)
+
+
+def _named(items: list[str]) -> str:
+    """The first MAX_NAMED items joined, and how many more there are."""
+    text = ", ".join(items[:MAX_NAMED])
+    return text + (f" and {len(items) - MAX_NAMED:,} more" if len(items) > MAX_NAMED else "")
+
+
+def _drop_warning(report: Mapping[str, Any], read: int, dropped: Mapping[str, int]) -> str:
+    total = sum(dropped.values())
+    if read <= 0 or total / read <= DROP_WARN_FRACTION:
+        return ""
+    text = f"data: {100 * total / read:.1f}% of the {read:,} rows read were dropped ({_reasons(dropped)})"
+    unknown = report.get("labels_not_in_classes") or {}
+    if unknown:
+        labels = [f"{_name(label)} ({n:,} rows)" for label, n in unknown.items()]
+        text += f"; labels not in data.args.classes: {_named(labels)}: add them to data.args.classes to keep them"
+    return text + "; examples of each reason are in data_report.json (dropped_examples)"
+
+
+def _class_warnings(report: Mapping[str, Any]) -> list[str]:
+    per_split = report.get("class_counts") or {}
+    totals: dict[str, int] = {}
+    for counts in per_split.values():
+        for name, n in counts.items():
+            totals[name] = totals.get(name, 0) + int(n)
+    seen_once = list(report.get("classes_seen_once") or [])
+    out = []
+    once = set(seen_once)
+    small = [(name, n) for name, n in totals.items() if n < MIN_CLASS_SAMPLES and name not in once]
+    if small:
+        names = [f"{_name(name)} ({n})" for name, n in sorted(small, key=lambda item: item[1])]
+        out.append(
+            f"data: {len(small):,} class(es) with fewer than {MIN_CLASS_SAMPLES} samples: {_named(names)}; "
+            "their metrics are unreliable: add samples or merge classes"
+        )
+    if seen_once:
+        out.append(
+            f"data: {len(seen_once):,} label(s) appear only once and each became a class of its own "
+            f"({_named([_name(n) for n in seen_once])}) because data.args.classes is not set; list the valid "
+            "labels in data.args.classes to drop the others as bad_label"
+        )
+    return out
