@@ -14,6 +14,7 @@ CASES = {
     "unknown export": (["--export", "tflite"], "--export: expected one of onnx"),
     "unknown int8 method": (["--int8-method", "gptq"], "unknown int8 method 'gptq'"),
     "zero threads": (["--threads", "0"], "--threads"),
+    "negative accuracy tolerance": (["--accuracy-tolerance", "-1"], "--accuracy-tolerance: expected points of accuracy"),
 }
 
 

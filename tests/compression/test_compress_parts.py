@@ -12,7 +12,7 @@ from trainforge.compression.artifact import INPUT_NAME, META_KEY, OUTPUT_NAME, a
 from trainforge.compression.distill import kd_loss
 from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import prune_model
-from trainforge.compression.quantize import choose_method, quantize_onnx, weight_only_int8
+from trainforge.compression.quantize import StaticInt8, choose_method, float_stems, quantize_onnx, weight_only_int8
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
@@ -151,3 +151,48 @@ def test_static_int8_without_calibration_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="calibration"):
         quantize_onnx(path, tmp_path / "q.onnx", "static", artifact_meta("int8", info, {}), calibration=None)
     assert not list(tmp_path.glob("q*")), "no partial output left behind"
+
+
+def ops_after_ort(path, tmp_path) -> list[str]:
+    """The op types onnxruntime runs for `path` after its graph optimizations."""
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.log_severity_level = 3
+    ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+
+
+def test_the_stem_reorder_is_exact_and_keeps_only_few_channel_convs_float(tmp_path):
+    cfg, info = CASES["cnn"]  # 3 input channels, then 16 and 32
+    model, _ = build_model(cfg, info)
+    x = example_for(info, 8)
+    path = export_onnx(model.eval(), x, tmp_path / "m.onnx", artifact_meta("fp32", info, {}))
+    proto = onnx.load(str(path))
+    keep = float_stems(proto, min_channels=16)
+    ops = {n.name: n.op_type for n in proto.graph.node}
+    assert [ops[name] for name in keep] == ["Conv", "MaxPool", "Relu"], "the stem only; the 16-channel conv is int8"
+    assert [n.op_type for n in proto.graph.node][:3] == ["Conv", "MaxPool", "Relu"]
+    reference = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {INPUT_NAME: x.numpy()})[0]
+    reordered = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert np.array_equal(reordered.run(None, {INPUT_NAME: x.numpy()})[0], reference), "max and ReLU commute exactly"
+    assert float_stems(onnx.load(str(path)), min_channels=0) == []
+
+
+def test_static_int8_keeps_the_stem_float_and_quantizes_after_its_pooling(tmp_path):
+    """A 1-3 channel stem as an int8 im2col GEMM was most of a small CNN's int8 time (issue 12); and unless ReLU and
+    MaxPool are swapped, ORT moves the QuantizeLinear above the MaxPool and pools in a slow int8 NCHW kernel."""
+    cfg, info = CASES["cnn"]
+    model, _ = build_model(cfg, info)
+    x = example_for(info, 64)
+    path = export_onnx(model.eval(), x, tmp_path / "m.onnx", artifact_meta("fp32", info, {}))
+    batches = [x[i:i + 16].numpy() for i in range(0, 64, 16)]
+    new = quantize_onnx(path, tmp_path / "new.onnx", "static", artifact_meta("int8", info, {}), calibration=batches)
+    old = quantize_onnx(path, tmp_path / "old.onnx", "static", artifact_meta("int8", info, {}), calibration=batches,
+                        static=StaticInt8(float_conv_channels=0))
+    optimized = ops_after_ort(new, tmp_path)
+    assert optimized.index("QuantizeLinear") > optimized.index("MaxPool"), optimized  # float conv + pool first
+    assert optimized.count("QLinearConv") == 1 and "Conv" in optimized
+    assert ops_after_ort(old, tmp_path).count("QLinearConv") == 2, "the previous setting quantized every conv"
+    want = model(x).detach().numpy()
+    got = ort.InferenceSession(str(new), providers=["CPUExecutionProvider"]).run(None, {INPUT_NAME: x.numpy()})[0]
+    assert np.abs(got - want).max() < 0.1 * np.abs(want).max()

@@ -23,7 +23,7 @@ from torch import nn
 
 from trainforge.cli import main
 from trainforge.compression import artifact
-from trainforge.compression.predict import VARIANT_FILES, predict, rank, resolve_artifact, softmax
+from trainforge.compression.predict import predict, rank, resolve_artifact, softmax
 from trainforge.compression.serving import READERS
 from trainforge.config import DataConfig
 from trainforge.data import build_data
@@ -317,20 +317,96 @@ def test_softmax_and_rank():
 # ---- choosing a variant in a compress output folder; an int8 model ---------------------------------------
 
 
-@pytest.mark.parametrize("present,chosen", [
-    (VARIANT_FILES, "pruned-int8.onnx"),
-    (("fp32.onnx", "int8.onnx", "pruned.onnx"), "int8.onnx"),
-    (("fp32.onnx", "pruned.onnx"), "pruned.onnx"),
-    (("fp32.onnx", "notes.onnx"), "fp32.onnx"),
-])
-def test_a_folder_serves_the_most_compressed_variant(tabular, tmp_path, capsys, present, chosen):
-    for name in present:
-        shutil.copy(tabular.path, tmp_path / name)
-    write_manifest(tmp_path)
-    assert resolve_artifact(tmp_path) == tmp_path / chosen
+FILES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
+
+
+def compress_folder(tabular, folder: Path, b32_ms: dict, recommended: str | None = None, accuracy: dict | None = None) -> Path:
+    """A compress output folder of tabular variants (each file tagged with its variant name) whose compress.json
+    records `b32_ms` latencies and, unless None, marks `recommended`; sealed by a manifest."""
+    folder.mkdir(exist_ok=True)
+    variants = []
+    for name, ms in b32_ms.items():
+        with_meta(tabular.plain, folder / FILES[name], tabular_meta(name))
+        variants.append({"name": name, "path": f"/elsewhere/{FILES[name]}", "bytes": 1000 - len(variants),
+                         "latency_ms": {"b1": ms / 10, "b32": ms}, "accuracy": (accuracy or {}).get(name, 0.9)})
+        if recommended is not None:
+            variants[-1]["recommended"] = name == recommended
+    (folder / "compress.json").write_text(json.dumps({"task": "classification", "variants": variants}))
+    write_manifest(folder)
+    return folder
+
+
+def rows_csv(tmp_path: Path) -> str:
     rows = tmp_path / "rows.csv"
     rows.write_text("a,b,c,d\n1,2,3,4\n")
-    assert run_json(["predict", str(tmp_path), str(rows)], capsys)["artifact"] == str(tmp_path / chosen)
+    return str(rows)
+
+
+def test_a_folder_serves_its_recommended_variant_not_the_most_compressed(tabular, tmp_path, capsys):
+    # issue 12: int8 ran 0.26x fp32's speed, yet the folder served it as "the most compressed"
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 5.9}, recommended="fp32")
+    assert resolve_artifact(out).file == out / "fp32.onnx"
+    doc = run_json(["predict", str(out), rows_csv(tmp_path)], capsys)
+    assert (doc["variant"], doc["recommended"], doc["chosen_by"]) == ("fp32", "fp32", "recommended")
+    assert doc["artifact"] == str(out / "fp32.onnx")
+    code, table, _ = run_cli(["predict", str(out), rows_csv(tmp_path)], capsys)
+    assert code in (0, None) and "(fp32, recommended by compress)" in " ".join(table.split())
+
+
+def test_the_recorded_choice_is_served_without_measuring(tabular, tmp_path, capsys, monkeypatch):
+    import trainforge.compression.bench as bench
+
+    monkeypatch.setattr(bench, "latency_ms", lambda *a, **k: pytest.fail("predict must not time anything"))
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 1.0, "pruned": 1.2, "pruned+int8": 0.8},
+                          recommended="pruned")  # what compress decided (e.g. an accuracy tolerance), not re-derived
+    assert run_json(["predict", str(out), rows_csv(tmp_path)], capsys)["variant"] == "pruned"
+
+
+def test_a_record_without_a_recommendation_is_decided_from_its_own_numbers(tabular, tmp_path, capsys):
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 1.0, "pruned+int8": 0.8},
+                          accuracy={"fp32": 0.9, "int8": 0.9, "pruned+int8": 0.85})  # written before this change
+    assert run_json(["predict", str(out), rows_csv(tmp_path)], capsys)["variant"] == "int8"
+
+
+@pytest.mark.parametrize("name", ["fp32", "int8", "pruned+int8"])
+def test_variant_serves_the_named_one(tabular, tmp_path, capsys, name):
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 5.9, "pruned+int8": 2.0}, recommended="fp32")
+    doc = run_json(["predict", str(out), rows_csv(tmp_path), "--variant", name], capsys)
+    assert (doc["variant"], doc["chosen_by"], doc["recommended"]) == (name, "--variant", "fp32")
+    assert doc["artifact"] == str(out / FILES[name])
+
+
+def test_an_unknown_variant_lists_the_valid_names(tabular, tmp_path, capsys):
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 5.9}, recommended="fp32")
+    message = one_line_error(["predict", str(out), rows_csv(tmp_path), "--variant", "int4"], capsys, "--variant: no variant 'int4'")
+    assert message.endswith("valid names: fp32, int8")
+    one_line_error(["predict", str(out / "int8.onnx"), rows_csv(tmp_path), "--variant", "int8"], capsys,
+                   "--variant: chooses among the variants of a compress output folder")
+
+
+def test_a_folder_without_compress_json_needs_variant(tabular, tmp_path, capsys):
+    for name in ("fp32.onnx", "int8.onnx", "notes.onnx"):
+        shutil.copy(tabular.path, tmp_path / name)
+    write_manifest(tmp_path)
+    one_line_error(["predict", str(tmp_path), rows_csv(tmp_path)], capsys,
+                   "has no compress.json saying which variant to serve; pass --variant NAME (one of fp32, int8)")
+    assert run_json(["predict", str(tmp_path), rows_csv(tmp_path), "--variant", "int8"], capsys)["artifact"] == str(tmp_path / "int8.onnx")
+
+
+def test_a_swapped_recommendation_is_refused(tabular, tmp_path, capsys):
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 5.9}, recommended="fp32")
+    record = json.loads((out / "compress.json").read_text())
+    for v in record["variants"]:
+        v["recommended"] = v["name"] == "int8"
+    (out / "compress.json").write_text(json.dumps(record))
+    one_line_error(["predict", str(out), rows_csv(tmp_path)], capsys, f"{out / 'compress.json'}: SHA-256 mismatch")
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"variants": 3}', '{"variants": [{"name": "int8", "path": "int8.onnx"}]}'])
+def test_a_damaged_compress_json_is_one_line(tabular, tmp_path, capsys, content):
+    out = compress_folder(tabular, tmp_path / "c", {"fp32": 1.6, "int8": 5.9})
+    (out / "compress.json").write_text(content)
+    one_line_error(["predict", str(out), rows_csv(tmp_path), "--no-verify"], capsys, "compress.json is damaged")
 
 
 def test_an_int8_quantized_artifact_is_served(tabular, tmp_path, capsys):
@@ -345,7 +421,7 @@ def test_an_int8_quantized_artifact_is_served(tabular, tmp_path, capsys):
     x = np.random.default_rng(6).normal(FEATURE_MEAN, FEATURE_STD, size=(50, 4))
     rows = tmp_path / "rows.csv"
     rows.write_text("a,b,c,d\n" + "".join(",".join(map(str, r)) + "\n" for r in x))
-    int8 = run_json(["predict", str(out), str(rows)], capsys)
+    int8 = run_json(["predict", str(out), str(rows), "--variant", "int8"], capsys)
     fp32 = run_json(["predict", str(out / "fp32.onnx"), str(rows)], capsys)
     assert int8["variant"] == "int8" and fp32["variant"] == "fp32"
     agree = np.mean([a["index"] == b["index"] for a, b in zip(int8["predictions"], fp32["predictions"])])

@@ -21,6 +21,8 @@ from typing import Any, Callable
 from trainforge.errors import UserError
 
 FORMAT = "trainforge-onnx/1"
+# The variants `trainforge compress` writes, by name (compress --json "variants"[].name), and their files.
+FILE_NAMES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
 META_KEY = "trainforge"
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"

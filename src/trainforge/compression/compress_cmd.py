@@ -24,23 +24,26 @@ def compress_command(
     bench_s: float = typer.Option(1.0, "--bench-seconds", help="Timing budget per variant and batch size."),
     calibration_samples: int = typer.Option(256, "--calibration-samples", help="Train-split samples for static int8."),
     device: Optional[str] = typer.Option(None, "--device", help="Device for torchao variants (default cuda if present)."),
+    accuracy_tolerance: float = typer.Option(1.0, "--accuracy-tolerance", help="Accuracy points (perplexity: percent) "
+                                             "a variant may lose against fp32 and still be recommended."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of CHECKPOINT's files against "
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Shrink a trained model for deployment: prune + fine-tune, int8, ONNX export; a before/after table."""
     from trainforge.compression.pipeline import CompressOptions, compress
-    from trainforge.compression.render import rich_table
+    from trainforge.compression.render import recommendation_line, rich_table
 
     options = CompressOptions(
         prune=prune, finetune_epochs=finetune_epochs, distill=distill, temperature=temperature, alpha=alpha,
         quantize=quantize, int8_method=int8_method, export=export, threads=threads, bench_s=bench_s,
         calibration_samples=calibration_samples, device=device, progress=not as_json,
-        verify=not no_verify,
+        verify=not no_verify, accuracy_tolerance_pt=accuracy_tolerance,
     )
     doc = compress(checkpoint, out_dir, options, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
     if as_json:
         print_json(doc)
         return
     out.print(rich_table(doc))
+    out.print(recommendation_line(doc), markup=False, highlight=False)
     out.print(f"artifacts: {doc['out']}" + (f"\nreport: {doc['report']}" if doc.get("report") else ""))

@@ -1,12 +1,14 @@
 """`trainforge.compression(...)`: a checkpoint in, deployable artifacts and a before/after table out.
 
     doc = compress("runs/digits", options=CompressOptions(prune=0.5, distill=True))
-    doc["variants"]   # fp32, pruned, int8, pruned+int8: params, bytes, latency, accuracy
+    doc["variants"]   # fp32, pruned, int8, pruned+int8: params, bytes, latency, accuracy; one `recommended`
 
 Stages, each optional: structured pruning + fine-tuning through the normal training loop (optionally
 distilled from the unpruned model), ONNX export, int8 with ONNX Runtime, and on CUDA torchao weight
 quantization. Every ONNX variant is measured the same way: its test-split metrics from onnxruntime
-outputs, its file size, and its CPU latency at a fixed thread count for batch 1 and batch 32.
+outputs, its file size, and its CPU latency at a fixed thread count for batch 1 and batch 32. One variant is
+marked `recommended` (`trainforge.compression.recommend`: the fastest at batch 32 within the accuracy
+tolerance of fp32); `trainforge predict` serves it from the folder without measuring again.
 Writes to OUT (default RUN/compressed/): the .onnx files, finetune/ (the pruned model's run
 directory), compress.json (the table), manifest.json (the SHA-256 of each file there, written last,
 checked by `trainforge predict`) and a "Compression" section in the run's report.html.
@@ -26,14 +28,14 @@ import torch
 from torch import nn
 
 from trainforge.compression import bench
-from trainforge.compression.artifact import artifact_meta
+from trainforge.compression.artifact import FILE_NAMES, artifact_meta
 from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import PruneResult, count, prune_model
 from trainforge.compression.quantize import INT8_METHODS, choose_method, quantize_onnx
+from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, mark
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
 
-FILE_NAMES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
 QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
 EXPORTS = ("onnx",)
 BENCH_BATCHES = (1, 32)
@@ -57,6 +59,7 @@ class CompressOptions:
     device: Optional[str] = None  # torchao variants: cuda when present, else cpu
     progress: bool = True
     verify: bool = True  # check CHECKPOINT's files against their SHA-256 manifest (--no-verify: False)
+    accuracy_tolerance_pt: float = ACCURACY_TOLERANCE_PT  # a variant losing more is never recommended
 
     def check(self) -> None:
         if not 0.0 <= self.prune < 1.0:
@@ -75,6 +78,9 @@ class CompressOptions:
             raise UserError(f"--threads: expected 1 or more, got {self.threads}")
         if self.temperature <= 0 or not 0.0 <= self.alpha <= 1.0:
             raise UserError("--temperature must be > 0 and --alpha in [0, 1]")
+        if not 0.0 <= self.accuracy_tolerance_pt <= 100.0:
+            raise UserError(f"--accuracy-tolerance: expected points of accuracy in [0, 100] (e.g. 1.0), "
+                            f"got {self.accuracy_tolerance_pt}")
 
 
 @dataclass
@@ -149,6 +155,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
                                         info.task, options.bench_s, options.device))
 
     add_comparisons(variants)
+    choice = mark(variants, options.accuracy_tolerance_pt)
+    log(f"recommended: {choice.reason}")
     doc = {
         "checkpoint": str(trained.source),
         "out": str(out_dir),
@@ -159,6 +167,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         "finetune": finetune,
         "test_samples": int(len(test.labels)),
         "variants": variants,
+        "recommendation": {"variant": choice.name, "file": FILE_NAMES[choice.name], "reason": choice.reason,
+                           "accuracy_tolerance_pt": options.accuracy_tolerance_pt},
     }
     (out_dir / "compress.json").write_text(json.dumps(doc, indent=1))
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included

@@ -5,11 +5,12 @@
     result["predictions"][0]   # {"input": "seven.png", "label": "7", "index": 7, "probability": 0.98,
                                #  "top": [["7", 0.98], ["1", 0.01], ["9", 0.004]]}
 
-ARTIFACT is an .onnx file written by `trainforge compress`, or the folder it wrote: then the most
-compressed variant there is served, in the order of `VARIANT_FILES`. The file is first checked against
-the SHA-256 in its folder's manifest.json (`verify=False`, --no-verify, skips that). The metadata inside
-the file (`trainforge.compression.artifact`) says how to turn the inputs into a batch
-(`trainforge.compression.serving`).
+ARTIFACT is an .onnx file written by `trainforge compress`, or the folder it wrote: then the variant its
+compress.json marks `recommended` is served (the fastest at batch 32 within the accuracy tolerance, as
+measured by compress; `trainforge.compression.recommend`), or the one named by `variant` (--variant).
+compress.json and the served file are first checked against the SHA-256 in the folder's manifest.json
+(`verify=False`, --no-verify, skips that). The metadata inside the file (`trainforge.compression.artifact`)
+says how to turn the inputs into a batch (`trainforge.compression.serving`).
 """
 from __future__ import annotations
 
@@ -20,13 +21,15 @@ from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from trainforge.compression.artifact import INPUT_NAME, OUTPUT_NAME, meta_from_session
+from trainforge.compression.artifact import FILE_NAMES, INPUT_NAME, OUTPUT_NAME, meta_from_session
+from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, servable
 from trainforge.compression.serving import READERS, Sample
 from trainforge.errors import UserError
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
 
-# A compress output folder is served by its smallest, fastest variant first; pass a file to choose another.
-VARIANT_FILES = ("pruned-int8.onnx", "int8.onnx", "pruned.onnx", "fp32.onnx")
+RECORD_FILE = "compress.json"
+UNVERIFIABLE = f"{NO_VERIFY}, or re-run `trainforge compress`"
+RESTORE = "restore it from a good copy or re-run `trainforge compress`"
 DTYPES = {"float32": np.float32, "int64": np.int64}
 
 
@@ -35,49 +38,99 @@ class Artifact:
     path: Path
     session: Any  # onnxruntime.InferenceSession
     meta: dict[str, Any]
+    choice: Optional["Choice"] = None  # why this file (None: built by hand)
 
     @property
     def class_names(self) -> list[str]:
         return [str(c) for c in self.meta.get("class_names") or []]
 
 
-def resolve_artifact(path: Union[str, Path]) -> Path:
-    """The .onnx file to serve: `path` itself, or the first of VARIANT_FILES in a compress output folder."""
+@dataclass
+class Choice:
+    """The file a predict call serves, and why."""
+
+    file: Path
+    recommended: Optional[str] = None  # the folder's recommended variant (None: ARTIFACT was a file)
+    by: str = "file"  # file | recommended | --variant
+
+
+def resolve_artifact(path: Union[str, Path], variant: Optional[str] = None, verify: bool = True) -> Choice:
+    """The .onnx file to serve: `path` itself, or in a compress output folder its recommended variant (or `variant`).
+
+    With `verify`, every file read here (compress.json, then the chosen .onnx) is first checked against the
+    folder's manifest, so a swapped record cannot redirect serving and a damaged file is never parsed.
+    """
     path = Path(path)
     if not path.exists():
         raise UserError(f"ARTIFACT: {path} does not exist; pass an .onnx file or a `trainforge compress` output folder")
     if path.is_file():
-        return path
-    for name in VARIANT_FILES:
-        if (path / name).is_file():
-            return path / name
-    found = sorted(p.name for p in path.glob("*.onnx"))
-    hint = f"it has {', '.join(found)}: pass one of them" if found else "point it at a `trainforge compress` output folder"
-    raise UserError(f"ARTIFACT: {path} holds none of {', '.join(VARIANT_FILES)}; {hint}")
+        if variant is not None:
+            raise UserError(f"--variant: chooses among the variants of a compress output folder; {path} is a file: "
+                            "pass its folder, or drop --variant")
+        if verify:
+            check_files(path.parent, read_digests(path.parent, UNVERIFIABLE), [path.name], unverifiable=UNVERIFIABLE,
+                        fix=RESTORE)
+        return Choice(path)
+    if not (path / RECORD_FILE).exists() and not any((path / f).is_file() for f in FILE_NAMES.values()):
+        found = sorted(p.name for p in path.glob("*.onnx"))
+        hint = f"it has {', '.join(found)}: pass one of them" if found else "point it at a `trainforge compress` output folder"
+        raise UserError(f"ARTIFACT: {path} holds none of {', '.join(FILE_NAMES.values())}; {hint}")
+    digests = read_digests(path, UNVERIFIABLE) if verify else None
+    files, recommended = folder_variants(path, digests)
+    if not files:
+        raise UserError(f"ARTIFACT: {path / RECORD_FILE} lists no ONNX variant; pass an .onnx file")
+    if variant is not None:
+        if variant not in files:
+            raise UserError(f"--variant: no variant {variant!r} in {path}; valid names: {', '.join(files)}")
+        name, by = variant, "--variant"
+    elif recommended is not None:
+        name, by = recommended, "recommended"
+    else:
+        raise UserError(f"ARTIFACT: {path} has no {RECORD_FILE} saying which variant to serve; pass --variant NAME "
+                        f"(one of {', '.join(files)}) or one of its .onnx files")
+    file = path / files[name]
+    if digests is not None:
+        check_files(path, digests, [file.name], unverifiable=UNVERIFIABLE, fix=RESTORE)
+    elif not file.is_file():
+        raise UserError(f"ARTIFACT: {file} is missing ({RECORD_FILE} lists it); {RESTORE}")
+    return Choice(file, recommended, by)
 
 
-def verify_artifact(file: Path, from_folder: bool) -> None:
-    """`file` against the SHA-256 its folder's manifest records, before onnxruntime parses a byte of it.
+def folder_variants(folder: Path, digests: Optional[dict[str, str]]) -> tuple[dict[str, str], Optional[str]]:
+    """({variant name: file name}, the recommended name) from the folder's compress.json.
 
-    Served from a folder, every variant preferred over `file` that the manifest lists must be there too:
-    a deleted int8.onnx must not quietly put fp32.onnx into service.
+    Without compress.json (a folder of hand-placed files): the standard file names present, no recommendation;
+    a compress.json the manifest lists but that is gone is an error. A compress.json from before
+    recommendations were recorded gets one by the same rule, from its own recorded numbers.
     """
-    unverifiable = f"{NO_VERIFY}, or re-run `trainforge compress`"
-    digests = read_digests(file.parent, unverifiable)
-    names = [file.name]
-    if from_folder:
-        names = [n for n in VARIANT_FILES[:VARIANT_FILES.index(file.name)] if n in digests] + names
-    check_files(file.parent, digests, names, unverifiable=unverifiable,
-                fix="restore it from a good copy or re-run `trainforge compress`")
+    record = folder / RECORD_FILE
+    if digests is not None and (record.exists() or RECORD_FILE in digests):
+        check_files(folder, digests, [RECORD_FILE], unverifiable=UNVERIFIABLE, fix="re-run `trainforge compress`")
+    if not record.exists():
+        return {name: file for name, file in FILE_NAMES.items() if (folder / file).is_file()}, None
+    try:
+        doc = json.loads(record.read_text())
+        rows = [v for v in doc["variants"] if servable(v)]
+        files = {str(v["name"]): Path(str(v["path"])).name for v in rows}  # the name only: the folder may have moved
+        marked = [str(v["name"]) for v in rows if v.get("recommended") is True]
+        if len(marked) > 1:
+            raise ValueError("more than one recommended variant")
+        if marked:
+            return files, marked[0]
+        tolerance = (doc.get("recommendation") or {}).get("accuracy_tolerance_pt", ACCURACY_TOLERANCE_PT)
+        return files, recommend(doc["variants"], float(tolerance)).name
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
+        raise UserError(f"ARTIFACT: {record} is damaged or not a `trainforge compress` record; re-run "
+                        "`trainforge compress` or pass one of its .onnx files") from None
 
 
-def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify: bool = True) -> Artifact:
+def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify: bool = True,
+                  variant: Optional[str] = None) -> Artifact:
     """An onnxruntime CPU session and the trainforge metadata of an artifact file or compress folder."""
     import onnxruntime as ort  # only the commands that serve pay for it
 
-    file = resolve_artifact(path)
-    if verify:
-        verify_artifact(file, from_folder=Path(path).is_dir())
+    choice = resolve_artifact(path, variant, verify)
+    file = choice.file
     options = ort.SessionOptions()
     options.log_severity_level = 3  # errors only: onnxruntime's warnings would clutter stderr on every call
     if threads is not None:
@@ -108,7 +161,7 @@ def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify:
             f"ARTIFACT: {file} takes {meta.get('modality')!r} inputs of {meta.get('input_dtype')!r}; "
             f"predict serves {', '.join(READERS.names())} models with {', '.join(DTYPES)} inputs"
         )
-    return Artifact(file, session, meta)
+    return Artifact(file, session, meta, choice)
 
 
 def first_line(error: BaseException) -> str:
@@ -186,12 +239,16 @@ def predict(
     threads: Optional[int] = None,
     stdin: Optional[BinaryIO] = None,
     verify: bool = True,
+    variant: Optional[str] = None,
 ) -> dict[str, Any]:
     """Classify `inputs` (image files; text files or '-'; CSV files or '-') with an artifact.
 
     `verify=False` skips the SHA-256 check against the artifact folder's manifest.json (--no-verify).
+    `variant` (--variant) serves that variant of a compress output folder instead of its recommended one.
 
-    Returns {"artifact": the .onnx file served, "variant": its variant name, "predictions": [{"input",
+    Returns {"artifact": the .onnx file served, "variant": its variant name, "recommended": the folder's
+    recommended variant (null when ARTIFACT is a file), "chosen_by": "recommended" | "--variant" | "file",
+    "predictions": [{"input",
     "label", "index", "probability", "top": [[label, probability], ...]}]}, in input order (a text or CSV
     file contributes one prediction per non-empty line or row). `stdin` replaces sys.stdin for '-'.
     """
@@ -200,9 +257,11 @@ def predict(
     check_positive(threads, "--threads")
     if not inputs:
         raise UserError("INPUT: no inputs given; pass image files, text files, CSV files or - (standard input)")
-    art = load_artifact(artifact, threads=threads, verify=verify)
+    art = load_artifact(artifact, threads=threads, verify=verify, variant=variant)
     read = READERS.get(art.meta["modality"])(art.meta, str(art.path), stdin)
     predictions = classify(art, read(inputs), top_k, batch_size)
     if not predictions:
         raise UserError(f"INPUT: {', '.join(inputs)} held no inputs (no non-empty lines or data rows); add some")
-    return {"artifact": str(art.path), "variant": art.meta.get("variant"), "predictions": predictions}
+    choice = art.choice or Choice(art.path)
+    return {"artifact": str(art.path), "variant": art.meta.get("variant"), "recommended": choice.recommended,
+            "chosen_by": choice.by, "predictions": predictions}

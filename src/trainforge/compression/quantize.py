@@ -9,12 +9,21 @@ float (gpu-facts.md). Static QDQ quantizes weights per output channel and activa
 on calibration batches, so ORT fuses them into int8 convolutions. Large float initializers that neither
 method touches (a Transformer's position table, say) are stored as int8 with a DequantizeLinear in front:
 the file shrinks and the arithmetic stays float.
+
+Convolutions that read fewer than `StaticInt8.float_conv_channels` (16) channels, in practice the stem on a
+grayscale or RGB image, stay float: ORT's int8 convolution is an im2col GEMM whose reduction (C_in x 3 x 3 = 9
+for one channel) is too short to pay for itself, while its float convolution has a direct kernel for few input
+channels. On a 32x32 grayscale CNN (16/32/64 channels) the int8 stem took 1.4 ms of a 2.3 ms batch of 32,
+the float stem 0.2 ms (docs/deploy.md has the figures). Such a stem's ReLU -> MaxPool is reordered to
+MaxPool -> ReLU (the same values) so the activations are quantized after the pooling, on a quarter of the
+elements; otherwise ORT moves the QuantizeLinear above the MaxPool and runs a slow int8 NCHW MaxPool.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -34,6 +43,19 @@ WEIGHT_ONLY_MIN_ELEMENTS = 1024  # smaller tables (norm scales, biases) are not 
 REDUCE_RANGE = True
 
 
+@dataclass(frozen=True)
+class StaticInt8:
+    """Settings of static quantization; the defaults are the measured best (benchmarks/int8_cnn.py compares them)."""
+
+    per_channel: bool = True  # weights: one scale per output channel (per tensor: same speed, coarser)
+    activations: str = "int8"  # int8 | uint8: the same speed on x86 with VNNI; int8 is symmetric around 0
+    format: str = "qdq"  # qdq | qoperator (with int8 activations ORT 1.32 ran QOperator 12x slower than fp32)
+    float_conv_channels: int = 16  # a Conv reading fewer channels stays float (0: quantize every Conv)
+
+
+STATIC = StaticInt8()
+
+
 def choose_method(model: nn.Module) -> str:
     """Static QDQ for models whose compute is convolutions, dynamic for the rest (Linear-heavy)."""
     from trainforge.models import is_convolutional
@@ -42,7 +64,7 @@ def choose_method(model: nn.Module) -> str:
 
 
 def quantize_onnx(src: Path, dst: Path, method: str, meta: dict[str, Any],
-                  calibration: Optional[Iterable[np.ndarray]] = None) -> Path:
+                  calibration: Optional[Iterable[np.ndarray]] = None, static: StaticInt8 = STATIC) -> Path:
     """Write the int8 version of the ONNX file `src` to `dst` by `method` ("dynamic" | "static")."""
     quantize = INT8_METHODS.get(method)
     import onnx
@@ -55,7 +77,7 @@ def quantize_onnx(src: Path, dst: Path, method: str, meta: dict[str, Any],
         with _quiet():
             # shape inference + graph cleanup; the symbolic pass cannot read dynamo exports' dim names
             quant_pre_process(str(src), str(prepared), skip_symbolic_shape=True)
-            quantize(prepared, staged, calibration)
+            quantize(prepared, staged, calibration, static)
         proto = onnx.load(str(staged))
         weight_only_int8(proto)
         slim(proto)
@@ -68,7 +90,7 @@ def quantize_onnx(src: Path, dst: Path, method: str, meta: dict[str, Any],
 
 
 @INT8_METHODS.register("dynamic")
-def _dynamic(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]]) -> None:
+def _dynamic(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]], static: StaticInt8) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
@@ -76,16 +98,76 @@ def _dynamic(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]]) 
 
 
 @INT8_METHODS.register("static")
-def _static(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]]) -> None:
+def _static(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]], static: StaticInt8) -> None:
+    import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     if calibration is None:
         raise UserError("--int8-method static needs calibration batches from the train split")
+    proto = onnx.load(str(src))
+    keep_float = float_stems(proto, static.float_conv_channels)
+    if keep_float:
+        onnx.save_model(proto, str(src))
     quantize_static(
-        str(src), str(dst), _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
-        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-        reduce_range=REDUCE_RANGE,
+        str(src), str(dst), _Reader(calibration),
+        quant_format=QuantFormat.QDQ if static.format == "qdq" else QuantFormat.QOperator,
+        per_channel=static.per_channel,
+        activation_type=QuantType.QInt8 if static.activations == "int8" else QuantType.QUInt8,
+        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+        reduce_range=REDUCE_RANGE, nodes_to_exclude=keep_float,
     )
+
+
+def float_stems(proto: Any, min_channels: int) -> list[str]:
+    """Names of the nodes to keep float: each ungrouped Conv reading fewer than `min_channels` channels, and
+    the ReLU and MaxPool right after it, which are reordered MaxPool -> ReLU in `proto` (see module doc).
+
+    Unnamed nodes get names (the quantizer excludes nodes by name).
+    """
+    graph = proto.graph
+    for i, node in enumerate(graph.node):
+        if not node.name:
+            node.name = f"node{i}"
+    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
+    consumers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def only_consumer(tensor: str, op_type: str) -> Optional[Any]:
+        users = consumers.get(tensor, [])
+        if len(users) == 1 and users[0].op_type == op_type and tensor not in outputs:
+            return users[0]
+        return None
+
+    keep: list[str] = []
+    for node in list(graph.node):
+        if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in shapes:
+            continue
+        group = next((a.i for a in node.attribute if a.name == "group"), 1)
+        weight = shapes[node.input[1]]
+        if group != 1 or len(weight) < 2 or weight[1] >= min_channels:
+            continue
+        keep.append(node.name)
+        relu = only_consumer(node.output[0], "Relu")
+        pool = relu and only_consumer(relu.output[0], "MaxPool")
+        if pool is not None and len(pool.output) == 1:
+            # conv -> relu -> pool -> x  becomes  conv -> pool -> relu -> x: max commutes with max(0, .)
+            conv_out, relu_out, pool_out = node.output[0], relu.output[0], pool.output[0]
+            pool.input[0], pool.output[0] = conv_out, relu_out
+            relu.input[0], relu.output[0] = relu_out, pool_out
+            nodes = list(graph.node)
+            a, b = nodes.index(relu), nodes.index(pool)
+            nodes[a], nodes[b] = nodes[b], nodes[a]  # still topologically sorted: pool now feeds relu
+            del graph.node[:]
+            graph.node.extend(nodes)
+            # relu_out is now the pooled tensor: drop its recorded (unpooled) shape; ORT infers it again
+            infos = [v for v in graph.value_info if v.name != relu_out]
+            del graph.value_info[:]
+            graph.value_info.extend(infos)
+            keep += [pool.name, relu.name]
+    return keep
 
 
 class _Reader:

@@ -1,4 +1,8 @@
-"""The before/after table: rich for the terminal, HTML for report.html (compress.json is the data)."""
+"""The before/after table: rich for the terminal, HTML for report.html (compress.json is the data).
+
+The recommended variant (the one `predict` serves from the folder) is marked `*`; a variant slower than fp32
+at batch 32 has "slower" after its speedup, so a compression that costs time says so where it is read.
+"""
 from __future__ import annotations
 
 from html import escape
@@ -11,6 +15,10 @@ COLUMNS = ("variant", "params", "FLOPs", "size", "x smaller", "b1 ms (p90)", "b3
            "speedup b32", "metric", "Δ pt")
 
 
+RECOMMENDED_MARK = " *"
+SLOWER = " slower"
+
+
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
     metric = "perplexity" if doc.get("task") == "lm" else "accuracy"
@@ -18,7 +26,7 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
         lat, p90 = v["latency_ms"], v["latency_p90_ms"]
         value: Optional[float] = v.get(metric)
         out.append([
-            v["name"],
+            v["name"] + (RECOMMENDED_MARK if v.get("recommended") else ""),
             f"{v['params']:,}",
             _si(v["flops"]),
             _bytes(v["bytes"]),
@@ -26,7 +34,7 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
             f"{lat['b1']:.3f} ({p90['b1']:.3f})",
             f"{lat['b32']:.3f} ({p90['b32']:.3f})",
             f"{v['throughput_per_s']['b32']:,.0f}",
-            f"{v['speedup']['b32']:.2f}x",
+            f"{v['speedup']['b32']:.2f}x" + (SLOWER if v.get("slower_than_fp32") else ""),
             "-" if value is None else (f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.3f}"),
             "" if v.get("accuracy_delta_pt") is None else f"{v['accuracy_delta_pt']:+.2f}",
             _si(v["params"]),  # the terminal's compact form
@@ -49,12 +57,20 @@ def rich_table(doc: dict[str, Any]) -> Table:
     return table
 
 
+def recommendation_line(doc: dict[str, Any]) -> str:
+    """`* recommended: <why>`, the line under the table (empty for a record without a recommendation)."""
+    rec = doc.get("recommendation")
+    return f"{RECOMMENDED_MARK.strip()} recommended (served by `trainforge predict` on the folder): {rec['reason']}" if rec else ""
+
+
 def report_section(doc: dict[str, Any]) -> str:
     metric = "perplexity" if doc.get("task") == "lm" else "test accuracy"
     head = "".join(f"<th>{escape(metric if c == 'metric' else c)}</th>" for c in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r[:len(COLUMNS)]) + "</tr>" for r in rows(doc))
     notes = [f"Latency: onnxruntime on the CPU with {doc['threads']} thread(s), median (p90) of repeated runs; "
              f"metrics on the test split ({doc['test_samples']} samples)."]
+    if doc.get("recommendation"):
+        notes.append(escape(recommendation_line(doc)))
     if doc.get("int8_method"):
         notes.append(f"int8: ONNX Runtime {doc['int8_method']} quantization.")
     if doc.get("pruning"):
