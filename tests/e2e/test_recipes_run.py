@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from trainforge.config import builtin_recipes
+from trainforge.config import builtin_recipes, load_config, resolve_recipe
 from trainforge.cli import main
 
 COMMON = ["train.max_steps=2", "train.eval_every_steps=2", "log.progress=false", "log.tensorboard=false",
@@ -50,7 +52,25 @@ def test_recipes_command_lists_every_recipe(capsys):
         main(["recipes", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows} == set(builtin_recipes())
-    assert all(r["command"].startswith("trainforge train recipes/") for r in rows)
+    assert all(set(r) == {"name", "path", "command"} for r in rows)  # the --json keys are a contract
+    assert [r["command"] for r in rows] == [f"trainforge train {r['name']}" for r in rows]
+
+
+def test_every_shown_command_runs_from_another_directory(capsys, monkeypatch, tmp_path):
+    """A command copied from `trainforge recipes` must work wherever the user is, not just in the repo root."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["recipes", "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    for row in rows:
+        program, command, recipe, *rest = shlex.split(row["command"])
+        assert (program, command, rest) == ("trainforge", "train", [])
+        assert resolve_recipe(recipe).resolve() == Path(row["path"]).resolve()
+        assert load_config(recipe).name  # the recipe loads and validates from here
+    with pytest.raises(SystemExit):
+        main(["recipes"])
+    table = capsys.readouterr().out
+    assert all(row["command"] in table for row in rows) and "recipes/" not in table
 
 
 @pytest.mark.slow

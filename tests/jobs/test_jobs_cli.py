@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -97,6 +98,32 @@ def test_server_refuses_a_busy_port(capsys, tmp_path):
         port = s.getsockname()[1]
         code, _, err = cli(capsys, "server", "--port", str(port), "--state-dir", str(tmp_path / "s"), "--gpus", "cpu:1")
     assert code == 2 and f"--port: cannot listen on 127.0.0.1:{port}" in err
+
+
+def test_server_refuses_an_unknown_placement_in_one_line(capsys, tmp_path):
+    code, out, err = cli(capsys, "server", "--placement", "balance", "--state-dir", str(tmp_path / "s"),
+                         "--gpus", "cpu:1")
+    assert code == 2 and out == ""
+    assert err.strip() == "error: --placement: expected spread or pack, got 'balance'"
+    assert not (tmp_path / "s").exists()  # refused before anything was created
+
+
+@pytest.mark.parametrize("argv, placement", [([], "spread"), (["--placement", "pack"], "pack"),
+                                             (["--placement", "spread"], "spread")])
+def test_server_placement_reaches_the_service(capsys, monkeypatch, tmp_path, argv, placement):
+    import trainforge.jobs.server
+
+    served = []
+    monkeypatch.setattr(trainforge.jobs.server, "serve", lambda service, **kw: served.append(service))
+    umask = os.umask(0o022)
+    try:
+        code, _, err = cli(capsys, "server", "--port", str(free_port()), "--state-dir", str(tmp_path / "s"),
+                           "--gpus", "cpu:2", "--slot-memory-gb", "1", *argv)
+    finally:
+        os.umask(umask)  # the server sets 077 for its process: leave the test process as it was
+    assert code == 0, err
+    assert [s.placement for s in served] == [placement]
+    assert f"placement: {placement}" in err
 
 
 def test_the_commands_import_nothing_heavy():

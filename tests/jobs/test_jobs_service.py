@@ -100,13 +100,13 @@ def test_cancel_stops_a_running_job_after_a_checkpoint(service):
 
 def test_small_jobs_share_a_slot_and_nothing_is_overcommitted(tmp_path):
     need = quick_job_bytes()
-    service = make_service(tmp_path, "cpu:2", slot_memory_gb=2.5 * need / 2**30)  # two jobs fit per slot
+    service = make_service(tmp_path, "cpu:2", slot_memory_gb=2.5 * need / 2**30, placement="pack")  # two per slot
     jobs = []
     try:
         jobs = [service.submit(Submission("digits_cnn", overrides=tuple(QUICK), priority=p)) for p in (0, 0, 0, 0, 0, 1)]
         service.tick()
         placed = {j.id: (service.store.get(j.id).state, service.store.get(j.id).slots) for j in jobs}
-        # priority 1 first; best fit then fills cpu0 before opening cpu1; the sixth job waits for room
+        # priority 1 first; pack (best fit) then fills cpu0 before opening cpu1; the sixth job waits for room
         assert placed == {6: ("running", ["cpu0"]), 1: ("running", ["cpu0"]), 2: ("running", ["cpu1"]),
                           3: ("running", ["cpu1"]), 4: ("queued", []), 5: ("queued", [])}
         views = service.slot_views()
@@ -120,6 +120,26 @@ def test_small_jobs_share_a_slot_and_nothing_is_overcommitted(tmp_path):
         wait_for(lambda: (service.tick(), all(service.store.get(j.id).state == "cancelled" for j in jobs))[1], 60,
                  "the cancels", 0.2)
         stop_all_jobs(service)
+
+
+@pytest.mark.parametrize("placement, expected", [(None, ["0", "1", "0"]), ("spread", ["0", "1", "0"]),
+                                                 ("pack", ["0", "0", "1"])])
+def test_the_services_placement_decides_the_slots(tmp_path, monkeypatch, placement, expected):
+    """Jobs of 10, 30 and 30 GiB on two 40 GiB slots (the issue's example): spread by default, pack on request."""
+    kwargs = {} if placement is None else {"placement": placement}
+    service = make_service(tmp_path, "cpu:2", slot_memory_gb=40.0, **kwargs)
+    monkeypatch.setattr(service, "_launch", lambda job: None)  # where jobs go, not running them
+    for gib in (10, 30, 30):
+        service.store.create(job_dir_for=lambda i: str(service.paths(i).job_dir), name="j", recipe="digits_cnn",
+                             overrides=[], config_yaml="name: j\n", num_gpus=1, priority=0, max_restarts=0,
+                             memory_bytes=gib * 2**30, total_steps=20)
+    service._schedule()
+    assert [(j.state, j.slots) for j in service.store.list()] == [("running", [f"cpu{s}"]) for s in expected]
+
+
+def test_an_unknown_placement_is_refused(tmp_path):
+    with pytest.raises(UserError, match=r"^--placement: expected spread or pack, got 'balance'$"):
+        make_service(tmp_path, "cpu:2", placement="balance")
 
 
 # ---------------------------------------------------------------- reconcile after a server restart

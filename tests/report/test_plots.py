@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
+import pytest
 from matplotlib.image import imread
 
-from trainforge.report.plots import confusion_matrix_png, line_chart_png, metric_series, training_charts
+from trainforge.report.plots import (confusion_matrix_png, line_chart_png, metric_series, training_charts,
+                                     training_figures)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -50,3 +53,53 @@ def test_training_charts_only_for_present_data():
     lm = [{"split": "train", "step": 1, "loss": 5.0}, {"split": "val", "step": 1, "loss": 4.0, "perplexity": 54.6}]
     assert [t for t, _ in training_charts(lm)] == ["Loss", "Validation perplexity"]
     assert training_charts([]) == []
+
+
+def _memory_axis(peak_bytes: list[int]):
+    rows = [{"split": "train", "step": s + 1, "loss": 1.0, "peak_mem_bytes": b} for s, b in enumerate(peak_bytes)]
+    figures = dict(training_figures(rows))
+    fig = figures["Peak memory"]
+    fig.canvas.draw()  # tick labels and the offset text are only decided when drawn
+    return fig.axes[0]
+
+
+PLAIN_NUMBER = re.compile(r"^\d+(\.\d+)?$")
+
+
+@pytest.mark.parametrize("peak_bytes, unit, top", [
+    # ~30 GiB that barely moves: in MiB around 30720, matplotlib's default axis would say "+3.072e4"
+    ([30 * 2**30 + k * 2**20 for k in range(4)], "GiB", 30),
+    ([2**30 + 7 * k for k in range(3)], "GiB", 1),  # exactly 1 GiB and up: GiB
+    ([500 * 2**20 + k * 2**10 for k in range(4)], "MiB", 500),  # below 1 GiB: MiB
+    ([3 * 2**20, 2**21], "MiB", 3),
+])
+def test_peak_memory_axis_is_mib_or_gib_with_plain_tick_labels(peak_bytes, unit, top):
+    ax = _memory_axis(peak_bytes)
+    assert ax.get_ylabel() == unit
+    assert ax.yaxis.get_offset_text().get_text() == ""  # no "+3.072e4" or "1e4" beside the axis
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert len(labels) >= 3 and all(PLAIN_NUMBER.match(label) for label in labels), labels
+    bottom, upper = ax.get_ylim()
+    assert bottom == 0 and top < upper < 2 * top  # from zero, with the data (in `unit`) below the top
+
+
+def test_peak_memory_chart_still_renders_to_png():
+    rows = [{"split": "train", "step": s, "peak_mem_bytes": (29 + s) * 2**30} for s in (1, 2)]
+    charts = dict(training_charts(rows))
+    assert charts["Peak memory"].startswith(PNG_SIGNATURE)
+
+
+def test_micro_batch_changes_are_marked_on_the_loss_curve():
+    from trainforge.report.plots import micro_batch_changes
+
+    rows = [{"split": "train", "step": s, "loss": 1.0 / s, "micro_batch_size": m, "accumulation": 32 // m}
+            for s, m in [(1, 32), (2, 32), (3, 16), (4, 16), (5, 8)]]
+    rows.insert(2, {"split": "val", "step": 2, "loss": 0.4})
+    assert micro_batch_changes(rows) == [(3.0, "micro-batch 32 -> 16"), (5.0, "micro-batch 16 -> 8")]
+    loss = dict(training_figures(rows))["Loss"]
+    ax = loss.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts == ["micro-batch 32 -> 16", "micro-batch 16 -> 8"]
+    assert sorted(line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":") == [3.0, 5.0]
+    steady = [dict(r, micro_batch_size=32) for r in rows if r["split"] == "train"]
+    assert micro_batch_changes(steady) == [] and not dict(training_figures(steady))["Loss"].axes[0].texts

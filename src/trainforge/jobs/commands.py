@@ -73,6 +73,9 @@ def server(
                                               "(reading its data, simulating its model) may take."),
     admission_memory_gb: float = typer.Option(4.0, "--admission-memory-gb", help="Most memory one submission's check "
                                               "may use, GiB."),
+    placement: str = typer.Option("spread", "--placement", metavar="spread|pack", help="spread: each job to the least-loaded slots (most "
+                                  "free memory) that hold it; pack: to the fullest slots that still hold it (best "
+                                  "fit), keeping whole GPUs free for big jobs."),
 ) -> None:
     """Run the job queue: scheduler, job processes, JSON API and web dashboard.
 
@@ -82,6 +85,7 @@ def server(
     import socket
 
     from trainforge.data.roots import parse_roots
+    from trainforge.jobs.scheduler import check_placement
     from trainforge.jobs.server import is_loopback, serve
     from trainforge.jobs.service import JobService, StateDirLock
     from trainforge.jobs.slots import parse_slots
@@ -96,6 +100,7 @@ def server(
         raise UserError(f"--port: expected 1-65535, got {port}")
     if admission_timeout_s <= 0 or admission_memory_gb <= 0:
         raise UserError("--admission-timeout-s / --admission-memory-gb: expected positive numbers")
+    check_placement(placement)
     roots = parse_roots(data_root or [])
     try:
         with socket.create_server((host, port)):
@@ -110,10 +115,11 @@ def server(
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     described = ", ".join(f"{s.id} ({s.memory_bytes / 2**30:.1f} GiB)" for s in slots)
     err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}  data roots: "
-              f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}",
+              f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}  "
+              f"placement: {placement}",
               highlight=False, soft_wrap=True)
     service = JobService(store, slots, state_dir, data_roots=roots, admission_timeout_s=admission_timeout_s,
-                         admission_memory_bytes=int(admission_memory_gb * 2**30))
+                         admission_memory_bytes=int(admission_memory_gb * 2**30), placement=placement)
     try:
         serve(service, host=host, port=port, token=secret)
     finally:

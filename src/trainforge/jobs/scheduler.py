@@ -2,11 +2,16 @@
 
     order = queue_order(queued)                            # priority (higher first), then submission order
     free = free_memory(capacity_bytes, running)            # slot id -> bytes not reserved by running jobs
-    starts = assign(queued, capacity_bytes, running)       # [(job id, [slot ids])], in start order
+    starts = assign(queued, capacity_bytes, running, placement="spread")   # [(job id, [slot ids])], in start order
 
 Every job reserves `memory_bytes` on each of its `num_gpus` slots (the planner's predicted peak per
-device). Packing is best-fit: a job goes to the slots with the least free memory that still hold it, so
-small jobs share a GPU and large holes stay open for large jobs. The queue is strict: the first job that
+device). Two placements (`trainforge server --placement`):
+- `spread` (the default): a job goes to the slots with the MOST free memory that hold it, i.e. the least
+  loaded GPUs by reserved memory (not by number of jobs: one 30 GiB job loads a GPU more than two 1 GiB
+  ones), so jobs get a GPU to themselves while there are idle GPUs.
+- `pack`: best fit, the slots with the LEAST free memory that still hold it, so small jobs share a GPU and
+  large holes stay open for large jobs (and idle GPUs stay idle).
+Ties go to the slot listed first in both, so placement is deterministic. The queue is strict: the first job that
 does not fit now waits for room and nothing behind it starts (no backfill), so a job asking for 4 GPUs is
 never starved by a stream of 1-GPU jobs and jobs start in exactly priority-then-submission order.
 """
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
+
+from trainforge.errors import UserError
 
 GiB = 2**30
 
@@ -51,24 +58,49 @@ def free_memory(capacity_bytes: Mapping[str, int], running: Sequence[Placed]) ->
     return free
 
 
-def best_fit(free_bytes: Mapping[str, int], need_bytes: int, count: int) -> Optional[list[str]]:
-    """The `count` distinct slots with the least free memory that still hold `need_bytes`; None if too few.
-    Ties go to the slot listed first, so placement is deterministic."""
+def _choose(free_bytes: Mapping[str, int], need_bytes: int, count: int, sign: int) -> Optional[list[str]]:
+    """The `count` distinct slots that hold `need_bytes`, fewest free bytes first (sign 1) or most (sign -1);
+    ties to the slot listed first; returned in slot order. None if too few slots have room."""
     order = {slot: i for i, slot in enumerate(free_bytes)}
-    roomy = sorted((s for s, free in free_bytes.items() if free >= need_bytes), key=lambda s: (free_bytes[s], order[s]))
+    roomy = sorted((s for s, free in free_bytes.items() if free >= need_bytes),
+                   key=lambda s: (sign * free_bytes[s], order[s]))
     if len(roomy) < count:
         return None
     return sorted(roomy[:count], key=order.__getitem__)
 
 
+def best_fit(free_bytes: Mapping[str, int], need_bytes: int, count: int) -> Optional[list[str]]:
+    """`pack`: the `count` distinct slots with the least free memory that still hold `need_bytes`; None if too few."""
+    return _choose(free_bytes, need_bytes, count, 1)
+
+
+def spread(free_bytes: Mapping[str, int], need_bytes: int, count: int) -> Optional[list[str]]:
+    """`spread`: the `count` distinct slots with the most free memory (the least loaded) that hold `need_bytes`;
+    None if too few."""
+    return _choose(free_bytes, need_bytes, count, -1)
+
+
+PLACERS = {"spread": spread, "pack": best_fit}
+PLACEMENTS = tuple(PLACERS)  # `trainforge server --placement` choices; the first is the default
+
+
+def check_placement(placement: str) -> str:
+    """`placement` if it names one; else a UserError listing the choices."""
+    if placement not in PLACERS:
+        raise UserError(f"--placement: expected {' or '.join(PLACEMENTS)}, got {placement!r}")
+    return placement
+
+
 def assign(
-    queued: Sequence[Pending], capacity_bytes: Mapping[str, int], running: Sequence[Placed]
+    queued: Sequence[Pending], capacity_bytes: Mapping[str, int], running: Sequence[Placed],
+    placement: str = PLACEMENTS[0],
 ) -> list[tuple[int, list[str]]]:
     """Jobs to start now, in order, with their slots; stops at the first job that does not fit."""
+    choose = PLACERS[placement]
     free = free_memory(capacity_bytes, running)
     starts: list[tuple[int, list[str]]] = []
     for job in queue_order(queued):
-        slots = best_fit(free, job.memory_bytes, job.num_gpus)
+        slots = choose(free, job.memory_bytes, job.num_gpus)
         if slots is None:
             break
         for slot in slots:

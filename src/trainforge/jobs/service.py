@@ -44,7 +44,7 @@ from trainforge.jobs import runner
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
 from trainforge.jobs.progress import progress
-from trainforge.jobs.scheduler import Pending, Placed, assign, never_fits
+from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check_placement, never_fits
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
 from trainforge.jobs.slots import Slot
 from trainforge.jobs.store import FINAL_STATES, Job, Store
@@ -79,9 +79,10 @@ class JobService:
                  cancel_grace_s: float = CANCEL_GRACE_S, python: str = sys.executable,
                  env: Optional[dict[str, str]] = None, data_roots: Sequence[Path] = (),
                  admission_timeout_s: float = DEFAULT_TIMEOUT_S, admission_memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 admission_parallel: int = DEFAULT_PARALLEL) -> None:
+                 admission_parallel: int = DEFAULT_PARALLEL, placement: str = PLACEMENTS[0]) -> None:
         if not slots:
             raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
+        self.placement = check_placement(placement)  # spread: least-loaded slots; pack: best fit (jobs/scheduler.py)
         self.store = store
         self.slots = list(slots)
         self.slot_by_id = {s.id: s for s in self.slots}
@@ -318,7 +319,7 @@ class JobService:
                 queued.remove(job)
         running = [Placed(tuple(j.slots), j.memory_bytes) for j in self.store.running()]
         pending = [Pending(j.id, j.priority, j.num_gpus, j.memory_bytes) for j in queued]
-        for job_id, slot_ids in assign(pending, capacity, running):
+        for job_id, slot_ids in assign(pending, capacity, running, self.placement):
             if self.store.claim(job_id, slot_ids):
                 self._launch(self.get(job_id))
 

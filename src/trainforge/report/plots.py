@@ -1,6 +1,7 @@
 """Charts for the run report, rendered to PNG bytes.
 
     charts = training_charts(read_metrics(run_dir / "metrics.jsonl"))   # [(title, png_bytes), ...]
+    figures = training_figures(rows)                                     # the same as Figures: [(title, Figure)]
     png = confusion_matrix_png(eval_json["confusion_matrix"], eval_json["class_names"])
 
 Figures are drawn with `matplotlib.figure.Figure` on an explicit Agg canvas, never pyplot, so
@@ -15,7 +16,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 Series = tuple[list[float], list[float]]  # (steps, values), sorted by step
 
@@ -25,6 +26,7 @@ _MARKERS_UP_TO_POINTS = 30  # a line through 1-2 points is invisible; show marke
 _ANNOTATE_UP_TO_CLASSES = 20  # beyond this the cell counts are unreadable
 _MAX_TICK_LABELS = 40
 _MIB = 2**20
+_GIB = 2**30
 
 
 def metric_series(rows: Sequence[Mapping], split: str, key: str, scale: float = 1.0) -> Series:
@@ -48,11 +50,24 @@ def metric_series(rows: Sequence[Mapping], split: str, key: str, scale: float = 
 
 
 def line_chart_png(title: str, ylabel: str, series: Mapping[str, Series], logy: bool = False,
-                   ylim: Optional[tuple[float, float]] = None) -> bytes:
+                   ylim: Optional[tuple[float, float]] = None, plain_y: bool = False) -> bytes:
     """One chart with a line per named series, x = optimizer step."""
+    return _png(line_chart(title, ylabel, series, logy=logy, ylim=ylim, plain_y=plain_y))
+
+
+def line_chart(title: str, ylabel: str, series: Mapping[str, Series], logy: bool = False,
+               ylim: Optional[tuple[float, float]] = None, plain_y: bool = False,
+               marks: Sequence[tuple[float, str]] = ()) -> Figure:
+    """`line_chart_png`'s figure. `plain_y`: y tick labels as plain numbers, never an offset (+3.072e4) or
+    a power of ten beside the axis, which readers miss and then misread every tick. `marks`: (step, text)
+    events drawn as labelled vertical lines."""
     fig = Figure(figsize=_LINE_FIGSIZE_IN, dpi=_DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    for step, text in marks:
+        ax.axvline(step, color="tab:red", linestyle=":", linewidth=1)
+        ax.annotate(text, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
+                    textcoords="offset points", va="top", fontsize=7, color="tab:red")
     for label, (steps, values) in series.items():
         marker = "o" if len(steps) <= _MARKERS_UP_TO_POINTS else None
         ax.plot(steps, values, label=label, marker=marker, markersize=3, linewidth=1.5)
@@ -60,13 +75,17 @@ def line_chart_png(title: str, ylabel: str, series: Mapping[str, Series], logy: 
         ax.set_yscale("log")
     if ylim is not None:
         ax.set_ylim(*ylim)
+    if plain_y:
+        formatter = ScalarFormatter(useOffset=False)
+        formatter.set_scientific(False)
+        ax.yaxis.set_major_formatter(formatter)
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     if len(series) > 1:
         ax.legend()
-    return _png(fig)
+    return fig
 
 
 def confusion_matrix_png(matrix: Sequence[Sequence[int]], class_names: Sequence[str]) -> bytes:
@@ -104,24 +123,47 @@ def confusion_matrix_png(matrix: Sequence[Sequence[int]], class_names: Sequence[
 
 def training_charts(rows: Sequence[Mapping]) -> list[tuple[str, bytes]]:
     """Every chart the rows have data for, in report order: loss, val metrics, lr, throughput, memory."""
-    charts: list[tuple[str, bytes]] = []
+    return [(title, _png(fig)) for title, fig in training_figures(rows)]
+
+
+def training_figures(rows: Sequence[Mapping]) -> list[tuple[str, Figure]]:
+    """`training_charts` before rendering: the matplotlib figures."""
+    charts: list[tuple[str, Figure]] = []
 
     def add(title: str, ylabel: str, named: Mapping[str, Series], **kwargs) -> None:
         present = {label: s for label, s in named.items() if s[0]}
         if present:
-            charts.append((title, line_chart_png(title, ylabel, present, **kwargs)))
+            charts.append((title, line_chart(title, ylabel, present, **kwargs)))
 
-    add("Loss", "loss", {"train": metric_series(rows, "train", "loss"), "val": metric_series(rows, "val", "loss")})
+    add("Loss", "loss", {"train": metric_series(rows, "train", "loss"), "val": metric_series(rows, "val", "loss")},
+        marks=micro_batch_changes(rows))
     add("Validation accuracy and macro-F1", "score",
         {"accuracy": metric_series(rows, "val", "accuracy"), "macro_f1": metric_series(rows, "val", "macro_f1")},
         ylim=(0.0, 1.02))
     add("Validation perplexity", "perplexity", {"perplexity": metric_series(rows, "val", "perplexity")}, logy=True)
     add("Learning rate", "lr", {"lr": metric_series(rows, "train", "lr")})
     add("Throughput", "samples/s", {"samples/s": metric_series(rows, "train", "samples_per_s")})
-    memory = metric_series(rows, "train", "peak_mem_bytes", scale=1 / _MIB)
+    memory = metric_series(rows, "train", "peak_mem_bytes")
     if any(v > 0 for v in memory[1]):  # all zeros means the device did not report memory
-        add("Peak memory", "MiB", {"peak memory": memory})
+        # GiB from 1 GiB up, else MiB; from zero, with plain ticks: "30.5" on a GiB axis, not "+3.072e4"
+        unit, unit_bytes = ("GiB", _GIB) if max(memory[1]) >= _GIB else ("MiB", _MIB)
+        values = [v / unit_bytes for v in memory[1]]
+        add("Peak memory", unit, {"peak memory": (memory[0], values)}, ylim=(0.0, 1.1 * max(values)), plain_y=True)
     return charts
+
+
+def micro_batch_changes(rows: Sequence[Mapping]) -> list[tuple[float, str]]:
+    """(step, "micro-batch 16 -> 8") wherever the train rows' micro-batch changed (out-of-memory recovery, a
+    resume on another world size): the loss curve may bend there."""
+    marks, previous = [], None
+    for row in rows:
+        if row.get("split") != "train" or "micro_batch_size" not in row:
+            continue
+        micro = row["micro_batch_size"]
+        if previous is not None and micro != previous:
+            marks.append((float(row["step"]), f"micro-batch {previous} -> {micro}"))
+        previous = micro
+    return marks
 
 
 def _png(fig: Figure) -> bytes:
