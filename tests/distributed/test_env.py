@@ -6,7 +6,8 @@ import pytest
 from trainforge.distributed.env import DistEnv, detect, resolve_strategy
 from trainforge.errors import UserError
 
-VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "MASTER_ADDR")
+VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "MASTER_ADDR",
+        "TORCHELASTIC_RUN_ID")
 
 
 @pytest.fixture
@@ -42,3 +43,14 @@ def test_strategy_resolution():
     assert resolve_strategy("fsdp", many) == "fsdp" and resolve_strategy("fsdp", one) == "none"
     with pytest.raises(UserError, match="distributed.strategy: none cannot run on 4 processes"):
         resolve_strategy("none", many)
+
+
+def test_a_torchrun_worker_is_a_launched_worker_even_alone(clean_env):
+    from trainforge.distributed.env import launched_worker
+
+    assert not launched_worker()
+    clean_env.setenv("RANK", "0")
+    clean_env.setenv("WORLD_SIZE", "1")
+    assert not launched_worker()  # a plain process that set the variables itself
+    clean_env.setenv("TORCHELASTIC_RUN_ID", "r")
+    assert launched_worker()  # torchrun's group of one (elastic, one node): the launcher owns the run dir

@@ -5,7 +5,7 @@ ranks agree, in one small all-reduce, on [loss sum, out-of-memory?, stop signal?
 nobody ran out of memory are the gradients all-reduced (bucketed, averaged) — once per optimizer step,
 however many micro-batches were accumulated. This is what DDP with `no_sync` does for accumulation,
 minus DDP's overlap of the all-reduce with backward: the price of the guarantee that an out-of-memory
-error on one rank never leaves another waiting inside a collective (all ranks then halve the micro-batch
+error on one rank never leaves another waiting inside a collective (all ranks then shrink the micro-batch
 together and retry the step).
 """
 from __future__ import annotations

@@ -8,8 +8,11 @@ three and as a plain single process. NCCL on GPUs, gloo on the CPU, one GPU per 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -48,9 +51,40 @@ def detect() -> tuple[int, int, int]:
     return 0, 0, 1
 
 
+def started_by_torchrun() -> bool:
+    """A worker of a torchrun agent (also when the agent runs it as a group of one process)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launched_worker() -> bool:
+    """One process of a launched group (torchrun or srun): the launcher, not this process, owns the run dir."""
+    return started_by_torchrun() or detect()[2] > 1
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_launcher() -> None:
+    """A torchrun worker is killed (SIGKILL) when its agent dies.
+
+    torchrun starts each worker in a session of its own, so killing a launcher, even its whole process
+    group, leaves its workers running: the node has not really left, the other nodes never re-rendezvous
+    and wait at the end for an agent that is gone. A dead agent must mean a dead node. SIGKILL rather than
+    SIGTERM: a graceful stop would make every rank checkpoint and exit 0, ending the whole job instead of
+    letting the remaining nodes restart without this one. (No check of the parent pid afterwards: an agent
+    that is a container's pid 1 is a live parent.) Linux only; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+
+
 @contextlib.contextmanager
 def distributed(device_spec: str) -> Iterator[tuple[DistEnv, torch.device]]:
     """Join the process group for the duration of a run (when there is more than one process)."""
+    if started_by_torchrun():
+        die_with_launcher()
     rank, local_rank, world_size = detect()
     if world_size == 1:
         yield DistEnv(), resolve_device(device_spec)

@@ -7,7 +7,7 @@ from typing import Optional, Union
 
 from trainforge.config import Config, apply_overrides, config_from_dict, config_from_yaml_text, load_config, read_yaml
 from trainforge.console import err
-from trainforge.distributed.env import detect
+from trainforge.distributed.env import launched_worker
 from trainforge.errors import UserError
 from trainforge.training.checkpoint import find_resume_checkpoint, load_state
 from trainforge.training.loop import FitHooks, TrainResult, fit
@@ -52,8 +52,12 @@ def prepare_run(
     *,
     run_dir: Optional[Union[str, Path]],
     resume: Optional[Union[str, Path]],
+    start_over: bool = True,
 ) -> tuple[Config, Path, Optional[Path]]:
-    """(config, run directory, checkpoint to resume from or None), with every check that needs no work done."""
+    """(config, run directory, checkpoint to resume from or None), with every check that needs no work done.
+
+    start_over=False: --resume auto never moves an earlier attempt's files aside (a multi-node launcher:
+    another node may be running the job in that directory right now, e.g. before its first checkpoint)."""
     overrides = list(overrides or [])
     ckpt: Optional[Path] = None
     if resume is None:
@@ -69,7 +73,7 @@ def prepare_run(
             rd = latest_run_dir(Path(probe.log.runs_root), probe.name) or new_run_dir(Path(probe.log.runs_root), probe.name)
         ckpt = find_resume_checkpoint(rd / CHECKPOINTS)
         cfg = _resumed_config(config, overrides, rd, ckpt)
-        if ckpt is None and holds_a_run(rd):
+        if ckpt is None and holds_a_run(rd) and start_over:
             _start_over(rd)
     else:
         rd, ckpt = resolve_checkpoint_arg(Path(resume))
@@ -128,7 +132,7 @@ def _start_over(run_dir: Path) -> None:
     """--resume auto found no usable checkpoint in a run directory: the same recipe starts from step 0.
     Unusable checkpoints, or a final model, and the metrics that go with them are moved into
     <run>/unusable-<time>/ rather than overwritten. Torchrun workers leave this to their launcher."""
-    if detect()[2] > 1:
+    if launched_worker():
         return
     if not any((run_dir / CHECKPOINTS).glob("step-*")) and not (run_dir / "final").exists():
         err.print(f"--resume auto: {run_dir} has no checkpoint yet; starting its recipe from step 0",
