@@ -52,7 +52,12 @@ def train(
     max_restarts: int = typer.Option(0, "--max-restarts", help="Restarts of the worker group after a failure."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
 ) -> None:
-    """Train a model from a recipe (with no recipe: the built-in default, digits with a CNN)."""
+    """Train a model from a recipe (with no recipe: the built-in default, digits with a CNN).
+
+    Length: train.epochs, or train.max_steps=N optimizer steps, which replaces train.epochs (not a cap).
+
+    Batch: train.global_batch_size samples per step; train.micro_batch_size is an upper bound per process.
+    """
     from trainforge.training.api import train as run_train
 
     recipe, overrides = _split_recipe(recipe, overrides)
@@ -71,7 +76,16 @@ def train(
         else:
             out.print(f"run {doc['status']}: {rd}" + ("" if done else f"; resume with --run-dir {rd} --resume auto"))
         return
-    result = run_train(recipe, overrides=overrides, run_dir=run_dir, resume=resume)
+    try:
+        result = run_train(recipe, overrides=overrides, run_dir=run_dir, resume=resume)
+    except UserError as e:
+        from trainforge.distributed.launch import report_user_error
+
+        if report_user_error(e):  # a launched worker: its launcher restarts nothing and says it once for all ranks
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)  # no interpreter teardown, as below
+        raise
     from trainforge.distributed.env import detect
 
     if detect()[2] > 1:  # a worker of a launched group: the launcher reports
@@ -87,6 +101,7 @@ def train(
         "steps": result.steps,
         "skipped_steps": result.skipped_steps,
         "micro_batch_size": result.micro_batch_size,
+        "data": result.data,
         "val": result.val,
         "eval": {k: v for k, v in result.eval.items() if k not in ("per_class", "confusion_matrix")},
     }
@@ -96,6 +111,11 @@ def train(
     table = Table(title=f"run {result.status}", show_header=False)
     table.add_row("run dir", str(result.run_dir))
     table.add_row("steps", str(result.steps))
+    if result.data:
+        counts = result.data
+        table.add_row("data", f"{counts['rows_kept']:,} of {counts['rows_read']:,} rows kept"
+                      f"{', ' + str(len(counts['warnings'])) + ' warning(s)' if counts['warnings'] else ''}: "
+                      f"{result.run_dir / 'data_report.json'}")
     for k, v in doc["eval"].items():
         if isinstance(v, float):
             table.add_row(f"test {k}", f"{v:.4f}")
@@ -202,14 +222,14 @@ def launch(
 
 @app.command()
 def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document.")) -> None:
-    """List the built-in recipes and the command that runs each."""
+    """List the built-in recipes and the command that runs each (from any directory)."""
     from trainforge.config import builtin_recipes
 
     rows = []
     for name, path in builtin_recipes().items():
-        first = path.read_text().splitlines()[:1]
-        command = first[0].lstrip("# ").strip() if first and first[0].startswith("#") else ""
-        rows.append({"name": name, "path": str(path), "command": command})
+        # The bare name, not the file's first-line comment (`trainforge train recipes/x.yaml`): that path
+        # only works from the repository root, and not at all from an installed package.
+        rows.append({"name": name, "path": str(path), "command": f"trainforge train {name}"})
     if as_json:
         print_json(rows)
         return

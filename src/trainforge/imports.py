@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import sys
 import traceback
@@ -10,6 +11,7 @@ from typing import Any, Callable, Optional
 from trainforge.errors import UserError
 
 FORM = "'pkg.module:factory', e.g. 'my_models:build'"
+_NOTHING = object()  # call_user: no positional first argument
 
 
 def load_target(target: Optional[str], key: str) -> Callable[..., Any]:
@@ -49,3 +51,84 @@ def _where(exc: BaseException) -> str:
     tb = traceback.extract_tb(exc.__traceback__)
     place = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
     return f"{type(exc).__name__}: {exc}{place}"
+
+
+def signature_text(obj: Callable[..., Any], name: Optional[str] = None) -> str:
+    """`my_models:MyCNN(in_channels, num_classes, width=32)`: how the user's callable is declared, for error lines."""
+    name = name or getattr(obj, "__qualname__", getattr(obj, "__name__", repr(obj)))
+    try:
+        return f"{name}{inspect.signature(obj)}"
+    except (TypeError, ValueError):
+        return f"{name}(...)"
+
+
+def call_user(
+    obj: Callable[..., Any],
+    *,
+    target: str,
+    key: str,
+    args_key: str,
+    args: dict[str, Any],
+    filled: dict[str, Any],
+    first: Any = _NOTHING,
+) -> Any:
+    """Call the user's `obj` (imported from `target`), binding each parameter by name: from `args` (the config's `<args_key>`), else from
+    `filled` (what the run knows, e.g. the data's `num_classes`; a None value there means "not known for this
+    data"), else, for the first positional parameter of a plain function, `first` (the documented factory
+    form `f(info, **args)`). Unknown or missing arguments, and any exception the user's code raises while
+    being called, are one UserError line that shows the expected signature.
+    """
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (some builtins): the call decides
+        params = None
+    declared = signature_text(obj, target)
+    if params is not None:
+        bound, unknown = _bind(obj, params, args, filled, first)
+        if unknown:
+            accepted = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            raise UserError(f"{args_key}.{unknown[0]}: unknown argument for {declared}; "
+                            f"accepted: {', '.join(a for a in accepted if a not in filled) or 'none'}")
+        missing = [p for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                   and p.name not in bound]
+        if missing:
+            p = missing[0]
+            if p.name in filled:  # named like a fact of the data, but this data does not have it
+                raise UserError(f"{key}: {declared} needs {p.name}, which this data does not provide; "
+                                f"give it a default or set {args_key}.{p.name}")
+            known = ", ".join(sorted(n for n, v in filled.items() if v is not None))
+            raise UserError(f"{args_key}.{p.name}: required by {declared}; set {args_key}.{p.name}, or name the "
+                            f"parameter after what the run provides ({known})")
+        call_args, call_kwargs = bound.pop(_FIRST, ()), bound
+    else:
+        call_args, call_kwargs = (), dict(args)
+    try:
+        return obj(*call_args, **call_kwargs)
+    except UserError:
+        raise
+    except Exception as e:  # the user's code may fail in any way: one line with where, not a traceback
+        raise UserError(f"{key}: {declared} failed: {_where(e)}") from None
+
+
+_FIRST = "\0first"  # the positional argument of the factory form, kept apart from keyword names
+
+
+def _bind(obj: Any, params: list[inspect.Parameter], args: dict[str, Any], filled: dict[str, Any],
+          first: Any) -> tuple[dict[str, Any], list[str]]:
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params)
+    bound: dict[str, Any] = {}
+    unknown = [k for k in args if k not in names and not takes_any]
+    for p in params:
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        if p.name in args:
+            bound[p.name] = args[p.name]
+        elif filled.get(p.name) is not None:
+            bound[p.name] = filled[p.name]
+        elif (first is not _NOTHING and not inspect.isclass(obj) and p is params[0]
+              and p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in filled):
+            bound[_FIRST] = (first,)
+    if takes_any:
+        bound.update({k: v for k, v in args.items() if k not in names})
+    return bound, unknown

@@ -312,7 +312,7 @@ def test_custom_ready_bundle_passes_through(user_module):
         ("no_colon_here", {}, "data.target: expected 'pkg.module:factory'"),
         ("broken_factories:make", {}, r"data.target: importing 'broken_factories' failed: ModuleNotFoundError: .*broken_factories.py:1\)"),
         ("my_data_factories:missing", {}, "data.target: module 'my_data_factories' has no attribute 'missing'"),
-        ("my_data_factories:images", {"bogus": 1}, r"data.args.bogus: unknown argument .*valid: n, classes"),
+        ("my_data_factories:images", {"bogus": 1}, r"data.args.bogus: unknown argument .*accepted: n, classes"),
         ("my_data_factories:cube", {}, r"data.target: factory returned X of shape \(4, 2, 2\)"),
     ],
 )

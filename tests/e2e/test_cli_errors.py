@@ -36,7 +36,6 @@ CASES = {
     "unknown data source": (["train", "data.source=hdf5"], "data.source: unknown data source 'hdf5'; choose one of:"),
     "unknown optimizer": (["train", "optim.name=lamb"], "optim.name: unknown optimizer 'lamb'; choose one of: adamw, sgd"),
     "unknown schedule": (["train", "schedule.name=exp"], "schedule.name: unknown schedule 'exp'"),
-    "inconsistent batch sizes": (["train", "train.global_batch_size=100"], "must be a multiple of train.micro_batch_size"),
     "bad model argument": (["train", "model.args={widht: 3}"], "model.args.widht"),
     "missing data path": (["train", "data.source=imagefolder", "data.path=/nonexistent/images"], "/nonexistent/images"),
     "batch larger than data": (["train", "train.global_batch_size=4096", "train.micro_batch_size=64"], "train.global_batch_size"),

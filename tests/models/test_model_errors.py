@@ -35,7 +35,7 @@ def test_unknown_name_lists_valid_names():
 
 def test_unknown_arg_names_the_arg_and_lists_accepted_ones():
     assert fails("cnn", chanels=[8]) == (
-        "model.args.chanels: unknown argument for model 'cnn'; accepted: channels, dropout"
+        "model.args.chanels: unknown argument for model 'cnn'; accepted: channels, dropout, norm"
     )
     assert fails("gpt", LM, n_layers=2).endswith(
         "accepted: n_layer, n_head, n_embd, vocab_size, block_size, dropout, bias, tie_weights"
@@ -130,9 +130,10 @@ def test_bad_custom_target(target, expected, user_models):
 
 def test_custom_args_are_checked_against_the_users_factory(user_models):
     message = fails("custom", target="user_models:build", widht=3)
-    assert message == "model.args.widht: unknown argument for custom model user_models:build; accepted: width"
-    assert fails("custom", target="user_models:needs_size") == (
-        "model.args.size: required by custom model user_models:needs_size; accepted: size"
+    assert message == "model.args.widht: unknown argument for user_models:build(info, width=4); accepted: width"
+    assert fails("custom", target="user_models:needs_size").startswith(
+        "model.args.size: required by user_models:needs_size(info, size); set model.args.size, or name the "
+        "parameter after what the run provides (class_names, image_size, in_channels, "
     )
 
 

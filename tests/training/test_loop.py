@@ -74,6 +74,20 @@ def test_accumulation_matches_one_large_batch(tmp_path: Path):
     assert big.steps == small.steps == 3
 
 
+@pytest.mark.parametrize("norm, equivalent", [("group", True), ("batch", False)])
+def test_accumulation_equals_one_large_batch_only_without_batch_statistics(tmp_path: Path, norm: str, equivalent: bool):
+    """What docs/architecture.md claims: accumulation is one large batch for models that treat samples
+    independently (GroupNorm); BatchNorm normalizes each micro-batch with its own statistics, so it is not."""
+    cnn = ("model.name=cnn", f"model.args={{channels: [8, 8], dropout: 0.0, norm: {norm}}}", "train.max_steps=3")
+    big = trainforge.train(tiny(*cnn), run_dir=tmp_path / "big")
+    small = trainforge.train(tiny(*cnn, "train.micro_batch_size=4"), run_dir=tmp_path / "small")
+    a, b = final_weights(big.run_dir), final_weights(small.run_dir)
+    largest = max(float((a[k].float() - b[k].float()).abs().max()) for k in a if a[k].is_floating_point())
+    # float rounding differs between the two (Adam's normalization magnifies it to ~1e-5); BatchNorm's
+    # per-micro-batch statistics move the weights by orders of magnitude more
+    assert (largest < 1e-4) if equivalent else (largest > 1e-3), largest
+
+
 def test_oom_halves_micro_batch_and_keeps_the_global_batch(tmp_path: Path):
     common = ("model.name=custom", "model.target=loop_models:oom_above", "train.max_steps=4")
     recovered = trainforge.train(tiny(*common, "model.args={limit: 8}"), run_dir=tmp_path / "oom")
@@ -85,8 +99,56 @@ def test_oom_halves_micro_batch_and_keeps_the_global_batch(tmp_path: Path):
 
 def test_oom_that_cannot_shrink_further_fails_the_run(tmp_path: Path):
     cfg = tiny("model.name=custom", "model.target=loop_models:oom_above", "model.args={limit: 0}", "train.max_steps=2")
-    with pytest.raises(JobFailed, match="cannot be halved"):
+    with pytest.raises(JobFailed, match="cannot shrink further"):
         trainforge.train(cfg, run_dir=tmp_path / "run")
+
+
+def test_oom_shrinks_an_odd_micro_batch_and_the_micro_batch_that_ran_is_recorded(tmp_path: Path):
+    """15 (what `plan` recommends for some GPUs) cannot be halved: it shrinks to 6, the largest divisor of the
+    rank's 30 samples that is at most half; the metrics rows, final/model.json and the result say so."""
+    common = ("model.name=custom", "model.target=loop_models:oom_above", "train.max_steps=3",
+              "train.global_batch_size=30", "train.log_every_steps=1")
+    recovered = trainforge.train(tiny(*common, "model.args={limit: 8}", "train.micro_batch_size=15"),
+                                 run_dir=tmp_path / "oom")
+    assert recovered.micro_batch_size == 6
+    planned = trainforge.train(tiny(*common, "model.args={limit: 1000}", "train.micro_batch_size=6"),
+                               run_dir=tmp_path / "plan")
+    assert_same_weights(final_weights(recovered.run_dir), final_weights(planned.run_dir))
+    rows = [r for r in read_metrics(recovered.run_dir / "metrics.jsonl") if r["split"] == "train"]
+    assert [(r["micro_batch_size"], r["accumulation"]) for r in rows] == [(6, 5)] * 3
+    meta = json.loads((recovered.run_dir / "final" / "model.json").read_text())
+    assert meta["ran"] == {"micro_batch_size": 6, "accumulation": 5, "world_size": 1, "steps_trained": 3}
+    assert "micro_batch_size: 15" in (recovered.run_dir / "config.yaml").read_text()  # the request is kept
+
+
+def test_micro_batch_size_is_an_upper_bound_fitted_to_the_global_batch(tmp_path: Path, capsys):
+    result = trainforge.train(tiny("train.global_batch_size=100", "train.micro_batch_size=64", "train.max_steps=2",
+                                   "train.log_every_steps=1"), run_dir=tmp_path / "run")
+    assert result.micro_batch_size == 50
+    err = capsys.readouterr().err
+    assert err.count("train.micro_batch_size 64 -> 50") == 1, err
+    rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "train"]
+    assert {(r["micro_batch_size"], r["accumulation"]) for r in rows} == {(50, 2)}
+
+
+def test_cached_accelerator_memory_is_released_after_each_evaluation_and_at_the_end(tmp_path: Path, monkeypatch):
+    from trainforge.training import loop
+
+    calls = []
+    monkeypatch.setattr(loop, "empty_cache", lambda device: calls.append(device.type))
+    trainforge.train(tiny("train.max_steps=4", "train.eval_every_steps=2"), run_dir=tmp_path / "run")
+    assert calls == ["cpu"] * 3  # two evaluations, then the end of the run
+
+
+def test_empty_cache_reaches_the_device_module(monkeypatch):
+    from trainforge.hardware import device as hw
+
+    released = []
+    fake = type("FakeCuda", (), {"empty_cache": staticmethod(lambda: released.append(True))})
+    monkeypatch.setattr(hw, "_module", lambda name: fake if name == "cuda" else None)
+    hw.empty_cache(torch.device("cuda"))
+    hw.empty_cache(torch.device("cpu"))
+    assert released == [True]
 
 
 def test_a_non_finite_loss_skips_one_step(tmp_path: Path):
@@ -135,6 +197,13 @@ def test_early_stopping_stops_and_keeps_the_best(tmp_path: Path):
     last = load_file(str(tmp_path / "run" / "checkpoints" / "step-000006" / "model.safetensors"))
     assert_same_weights(final_weights(result.run_dir), best)  # the best weights, not the last
     assert any(not torch.equal(best[k], last[k]) for k in best)
+    # and the step and metrics recorded are those of the best evaluation, not of the last one
+    val_at = {r["step"]: r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "val"}
+    meta = json.loads((result.run_dir / "final" / "model.json").read_text())
+    assert meta["step"] == 2 and meta["ran"]["steps_trained"] == 6
+    assert meta["metrics"]["accuracy"] == val_at[2]["accuracy"] and meta["metrics"]["loss"] == val_at[2]["loss"]
+    assert val_at[6]["loss"] != val_at[2]["loss"]
+    assert json.loads((result.run_dir / "eval.json").read_text())["step"] == 2
 
 
 @pytest.mark.slow

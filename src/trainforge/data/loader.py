@@ -66,7 +66,7 @@ class PositionBatchSampler(Sampler[list[Key]]):
         self.epoch, self.start_sample = 0, 0
 
     def set_micro_batch_size(self, n: int) -> None:
-        """Change the micro-batch (OOM recovery halves it); the global batch and the order stay."""
+        """Change the micro-batch (OOM recovery shrinks it); the global batch and the order stay."""
         if n <= 0 or self.global_batch_size % (n * self.world_size):
             raise UserError(
                 f"train.micro_batch_size: {n} x world size {self.world_size} must divide "

@@ -41,7 +41,7 @@ from trainforge.planning.corrections import applicable, corrected_peak_bytes
 from trainforge.planning.memory import SimKey, candidate_micro_batches, fit_linear
 from trainforge.planning.plan import Planner
 from trainforge.training.api import check_names
-from trainforge.training.microbatch import accumulation_steps
+from trainforge.training.microbatch import batch_geometry
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,7 @@ def memory_need(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: 
     precision = "fp32" if cfg.train.precision == "fp32" or (slot_kind == "cpu" and cfg.train.precision == "auto") else "bf16"
     key = SimKey("fsdp" if fsdp else "none", num_gpus if fsdp else 1, cfg.distributed.activation_checkpointing, precision)
     if isinstance(cfg.train.micro_batch_size, int):
-        micro = cfg.train.micro_batch_size
-        accumulation_steps(global_batch, micro, num_gpus)  # the trainer's own check, before a slot is spent
+        micro = batch_geometry(global_batch, cfg.train.micro_batch_size, num_gpus).micro_batch_size  # as the trainer fits it
     else:  # as training's auto does: the linear model proposes, a simulation at that size confirms
         micro = 1
         line = fit_linear(planner.cache.get(key, 1), planner.cache.get(key, 2)) if per_device >= 2 else None

@@ -28,6 +28,7 @@ from trainforge.planning.local import local_spec, spec_for
 from trainforge.planning.memory import SAFETY_MARGIN, LinearPeak, SimCache, SimKey, fit_linear, largest_fitting
 from trainforge.planning.roofline import Efficiency, default_efficiency, run_totals, step_time
 from trainforge.planning.simulate import Simulation, simulate_step
+from trainforge.training.microbatch import batch_geometry
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 HOPPER_OR_NEWER = ("h100", "h200", "b200", "gh200")
@@ -127,7 +128,8 @@ def plan(
                 deadline_h=deadline_h, device_type=device_type,
             ))
 
-    micro = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else 1
+    micro = (batch_geometry(global_batch, cfg.train.micro_batch_size).micro_batch_size  # an upper bound, as in training
+             if isinstance(cfg.train.micro_batch_size, int) else 1)
     own_precision = "fp32" if cfg.train.precision == "fp32" else "bf16"
     own = planner.cache.get(SimKey("none", 1, False, own_precision), micro)
     return {

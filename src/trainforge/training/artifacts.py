@@ -82,8 +82,12 @@ def save_final_model(
     preprocess: dict[str, Any],
     step: int,
     metrics: Optional[dict[str, Any]] = None,
+    ran: Optional[dict[str, Any]] = None,
 ) -> Path:
-    """Write final/ atomically (temp dir, rename), replacing a previous final/."""
+    """Write final/ atomically (temp dir, rename), replacing a previous final/.
+
+    `step` and `metrics` are those of the weights saved (the best evaluation under early stopping); `ran`
+    records the batch geometry that actually ran (config.yaml keeps what was asked for)."""
     final = run_dir / "final"
     tmp = run_dir / f".tmp-final-{os.getpid()}"
     if tmp.exists():
@@ -97,6 +101,7 @@ def save_final_model(
         "data_info": info_to_dict(info),
         "preprocess": preprocess,
         "metrics": metrics or {},
+        "ran": ran or {},
         "config_yaml": config.to_yaml(),
     }
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1))

@@ -6,8 +6,9 @@
 Order of one optimizer step: set the LR for this step (a pure function of the step) -> forward and
 backward over `accumulation` micro-batches under autocast -> skip the step if the loss is not finite
 -> unscale, clip -> optimizer step -> EMA. Then, when due: log a train row, evaluate (val row, early
-stopping), checkpoint. A CUDA out-of-memory error inside a step halves the micro-batch, doubles the
-accumulation and retries the same step on the same samples. SIGTERM/SIGINT finish the current step,
+stopping), checkpoint. A CUDA out-of-memory error inside a step shrinks the micro-batch (to the largest
+divisor of the rank's share that is at most half), raises the accumulation to match and retries the same
+step on the same samples. SIGTERM/SIGINT finish the current step,
 save a checkpoint and return.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainforge.config import Config
 from trainforge.data import build_data
+from trainforge.data.summary import summarize
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import (
     PositionBatchSampler,
@@ -64,10 +66,10 @@ from trainforge.training.ema import EMA
 from trainforge.training.evaluate import check_metric, evaluate_model
 from trainforge.training.losses import task_loss
 from trainforge.training.metrics import MetricsLog, NullLog, read_metrics
-from trainforge.training.microbatch import accumulation_steps, fitting_micro_batch, halve_micro_batch
+from trainforge.training.microbatch import accumulation_steps, batch_geometry, fitting_micro_batch, shrink_micro_batch
 from trainforge.training.optim import build_optimizer, set_lr
 from trainforge.training.precision import DTYPES, autocast, make_scaler, resolve_precision
-from trainforge.training.progress import TrainProgress
+from trainforge.training.progress import TrainProgress, announce_data
 from trainforge.training.rng import get_rng_state, seed_everything, set_rng_state
 from trainforge.training.schedule import lr_at
 from trainforge.training.state import current_state, full_model_state, restore
@@ -98,6 +100,7 @@ class TrainResult:
     val: dict[str, Any] = field(default_factory=dict)  # last validation metrics
     skipped_steps: int = 0
     micro_batch_size: int = 0
+    data: dict[str, Any] = field(default_factory=dict)  # rows read / kept / dropped by reason, splits, warnings
 
 
 def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
@@ -130,8 +133,9 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         per_epoch = steps_per_epoch(len(data.train), global_batch)
         total_steps = tc.max_steps or tc.epochs * per_epoch
         auto_note = None
-        if isinstance(tc.micro_batch_size, int):
-            micro = tc.micro_batch_size
+        if isinstance(tc.micro_batch_size, int):  # an upper bound: fitted to this world size's share
+            geometry = batch_geometry(global_batch, tc.micro_batch_size, env.world_size)
+            micro, auto_note = geometry.micro_batch_size, geometry.note
         elif resume_from is not None:
             micro = global_batch  # replaced by the checkpoint's micro-batch below
         else:  # the planner picks the largest that fits; OOM recovery below stays the safety net
@@ -145,8 +149,11 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         eval_every = tc.eval_every_steps or per_epoch
         ckpt_every = tc.checkpoint_every_steps or per_epoch
 
-        # the run directory is created only once data and model are known to be good; rank 0 writes
+        # the run directory is created only once data and model are known to be good; rank 0 writes.
+        # What cleaning dropped is said on the console then (bad input stays one line), not only in data_report.json
+        data_summary = summarize(data.report)
         if env.is_main:
+            announce_data(data_summary)
             run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
             write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
@@ -253,7 +260,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         # one voice: rank 0 logs and shows progress
         metrics = (MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
                    if env.is_main else NullLog())
-        progress = TrainProgress(total_steps, start_step, enabled=cfg.log.progress and env.is_main)
+        progress = TrainProgress(total_steps, start_step, enabled=cfg.log.progress and env.is_main, speaks=env.is_main)
         if auto_note:
             progress.log(auto_note)
         if start_step:
@@ -288,14 +295,14 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
                             raise
                         del exc
                         if strategy == "fsdp":  # other ranks may be inside an all-gather: restart the group smaller
-                            request_oom_restart(run_dir, halve_micro_batch(micro, accumulation)[0], step + 1)
+                            request_oom_restart(run_dir, shrink_micro_batch(micro, accumulation)[0], step + 1)
                         oom, local_loss, wait_s = True, 0.0, 0.0
                     agreed = agree(env, device, local_loss, oom, bool(stop), wait_s)
                     if not agreed.oom:
                         break
                     optimizer.zero_grad(set_to_none=True)
                     empty_cache(device)
-                    micro, accumulation = halve_micro_batch(micro, accumulation)
+                    micro, accumulation = shrink_micro_batch(micro, accumulation)
                     progress.log(f"[yellow]out of memory at step {step + 1}: micro-batch -> {micro}, accumulation -> {accumulation}")
                     torch.set_rng_state(rng_at_step)
                     sampler.set_micro_batch_size(micro)
@@ -332,7 +339,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
                 if done % tc.log_every_steps == 0 or done == total_steps:
                     row = window.row(device, global_batch)
                     row["peak_mem_bytes"] = int(max_over_ranks(env, device, row["peak_mem_bytes"]))
-                    row.update(split="train", step=done, epoch=round(done / per_epoch, 4), lr=lr, grad_norm=grad_norm)
+                    row.update(split="train", step=done, epoch=round(done / per_epoch, 4), lr=lr, grad_norm=grad_norm,
+                               micro_batch_size=micro, accumulation=accumulation)
                     metrics.log(row)
                     progress.update(done, epoch, row["loss"], lr, row["samples_per_s"])
                     window = Window()
@@ -341,9 +349,10 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
                 # evaluate (rank 0 of replicas; every rank under FSDP): val row, early stopping, best weights
                 if (done % eval_every == 0 or done == total_steps) and (env.is_main or strategy == "fsdp"):
                     val = evaluate_now()
+                    empty_cache(device)  # hand the evaluation's cached blocks back (CUDA): others share the GPU
                     metrics.log({"split": "val", "step": done, "epoch": round(done / per_epoch, 4), **val})
                     if stopper is not None:
-                        if stopper.update(val):
+                        if stopper.update(val, done):
                             source = ema.shadow if ema else model.state_dict()
                             best_state = {k: v.detach().to("cpu", copy=True) for k, v in source.items()}
                         if stopper.should_stop:
@@ -370,7 +379,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             progress.close()
             metrics.close()
 
-        result = TrainResult(run_dir, status, done, val=val, skipped_steps=skipped, micro_batch_size=micro)
+        result = TrainResult(run_dir, status, done, val=val, skipped_steps=skipped, micro_batch_size=micro,
+                             data=data_summary.counts)
         if status in ("interrupted", "pruned"):
             barrier(env)
             return result
@@ -385,16 +395,22 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             return result
 
         # ---- the final model: best (early stopping) > EMA > last weights; test metrics; report
-        if best_state:
+        final_step, final_val = done, val
+        if best_state:  # the weights are those of the best evaluation: so are the step and metrics recorded
             load_model_weights(model, best_state)
+            final_step, final_val = stopper.best_step or done, stopper.best_metrics or val
         elif ema is not None:
             model.load_state_dict(ema.shadow, strict=False)
-        save_final_model(run_dir, model.state_dict(), cfg, info, data.preprocess, done, metrics=val)
+        ran = {"micro_batch_size": micro, "accumulation": accumulation, "world_size": env.world_size,
+               "steps_trained": done}
+        save_final_model(run_dir, model.state_dict(), cfg, info, data.preprocess, final_step, metrics=final_val, ran=ran)
         test_loader = make_eval_loader(data.test, batch_size=max(micro, 64), num_workers=0, pin_memory=pin)
         test = evaluate_model(model, test_loader, info=info, device=device, precision=precision, detailed=True)
-        result.eval = {"split": "test", "step": done, **test}
+        result.eval = {"split": "test", "step": final_step, **test}
         write_text_atomic(run_dir / "eval.json", json.dumps(result.eval, indent=1))
         write_report(run_dir)
+        del model, optimizer, step_model
+        empty_cache(device)  # the run is over: give its cached memory back before the caller goes on
         barrier(env)
         return result
 

@@ -4,14 +4,25 @@ from __future__ import annotations
 from typing import Optional
 
 from rich.console import Console
+from rich.markup import escape
+
+from trainforge.data.summary import DataSummary
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 console = Console(stderr=True)
 
 
+def announce_data(summary: DataSummary) -> None:
+    """The data summary line, then each warning in yellow (they quote label values: escaped)."""
+    console.print(escape(summary.line), highlight=False, soft_wrap=True)
+    for warning in summary.warnings:
+        console.print(f"[yellow]warning: {escape(warning)}[/yellow]", highlight=False, soft_wrap=True)
+
+
 class TrainProgress:
-    def __init__(self, total_steps: int, start_step: int, enabled: bool) -> None:
+    def __init__(self, total_steps: int, start_step: int, enabled: bool, speaks: bool = True) -> None:
         self.enabled = enabled
+        self.speaks = speaks  # False on every rank but 0: one voice for the whole group
         self._progress: Optional[Progress] = None
         if not enabled:
             return
@@ -38,6 +49,8 @@ class TrainProgress:
         )
 
     def log(self, message: str) -> None:
+        if not self.speaks:
+            return
         if self._progress is not None:
             self._progress.console.print(message)
         else:

@@ -1,13 +1,15 @@
-"""`custom`: the user's own data factory, `data.target = "pkg.module:factory"`.
+"""`custom`: the user's own data, `data.target = "pkg.module:attr"`.
 
-The module is imported only here, when the user's config names it. `factory(**data.args)`
-returns either `(X, y)` — X float (N, C, H, W) for images or (N, F) for tabular, y integer class
-ids — which then goes through the normal cleaning/split/normalize path, or a finished DataBundle.
+The module is imported only here, when the user's config names it. `attr(**data.args)` — a function, or a
+`torch.utils.data.Dataset` class; a parameter named `seed` gets the run's seed — returns one of:
+- `(X, y)`: X float (N, C, H, W) for images or (N, F) for tabular, y integer class ids 0..K-1;
+- a map-style dataset (`len(ds)`, `ds[i] -> (x, y)`), read once into memory: the same shapes per sample;
+- a finished DataBundle (then nothing else is done to it).
+The first two go through the normal cleaning / split / normalize / augment path.
 """
 from __future__ import annotations
 
-import inspect
-from typing import Any, Callable, Union
+from typing import Any, Union
 
 import numpy as np
 import torch
@@ -17,7 +19,7 @@ from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.pool import Pool, TensorSamples
 from trainforge.data.sources.common import SOURCES
 from trainforge.errors import UserError
-from trainforge.imports import load_target
+from trainforge.imports import call_user, load_target
 
 
 def _as_tensor(value: Any, what: str) -> torch.Tensor:
@@ -57,34 +59,40 @@ def pool_from_arrays(X: Any, y: Any) -> Pool:
     return Pool(info, samples, labels=labels.numpy(), rows_read=len(x), preprocess=preprocess, value_range=value_range)
 
 
-def check_args(factory: Callable[..., Any], cfg: DataConfig) -> None:
-    """data.args must fit the factory's signature: unknown keys are named, missing ones reported."""
-    try:
-        sig = inspect.signature(factory)
-    except ValueError:  # no signature available (some builtins): let the call itself decide
-        return
-    params = sig.parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        valid = [n for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY)]
-        for key in cfg.args:
-            if key not in valid:
-                raise UserError(
-                    f"data.args.{key}: unknown argument for {cfg.target}; valid: {', '.join(valid) or '(none)'}"
-                )
-    try:
-        sig.bind(**cfg.args)
-    except TypeError as e:
-        raise UserError(f"data.args: {cfg.target} cannot be called with these arguments ({e})") from None
+def pool_from_dataset(dataset: Any, target: str) -> Pool:
+    """A map-style dataset (`len(ds)`, `ds[i] -> (x, y)`), read once into memory."""
+    xs, ys = [], []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise UserError(f"data.target: {target}[{i}] is {type(item).__name__}; each sample must be an (x, y) pair")
+        x = _as_tensor(item[0], f"x of sample {i}")
+        if xs and x.shape != xs[0].shape:
+            raise UserError(f"data.target: {target}[{i}] has x of shape {tuple(x.shape)}, sample 0 of "
+                            f"{tuple(xs[0].shape)}; every sample must have the same shape")
+        xs.append(x)
+        ys.append(_as_tensor(item[1], f"y of sample {i}").reshape(-1)[:1])
+    if not xs:
+        raise UserError(f"data.target: {target} is empty; return at least one sample")
+    return pool_from_arrays(torch.stack(xs), torch.cat(ys))
+
+
+def is_map_dataset(value: Any) -> bool:
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__") and not isinstance(value, (tuple, list, dict, str))
 
 
 @SOURCES.register("custom")
 def custom(cfg: DataConfig, *, seed: int) -> Union[Pool, DataBundle]:
-    """data.target "pkg.module:factory"; data.args are passed to it as keyword arguments."""
+    """data.target "pkg.module:factory" (or a Dataset class); data.args are its keyword arguments, and a
+    parameter named `seed` gets the run's seed."""
     factory = load_target(cfg.target, "data.target")
-    check_args(factory, cfg)
-    result = factory(**cfg.args)
+    result = call_user(factory, target=cfg.target, key="data.target", args_key="data.args", args=dict(cfg.args),
+                       filled={"seed": seed})
     if isinstance(result, DataBundle):
         return result
-    if not (isinstance(result, (tuple, list)) and len(result) == 2):
-        raise UserError(f"data.target: {cfg.target} returned {type(result).__name__}; return (X, y) or a DataBundle")
-    return pool_from_arrays(*result)
+    if isinstance(result, (tuple, list)) and len(result) == 2:
+        return pool_from_arrays(*result)
+    if is_map_dataset(result):
+        return pool_from_dataset(result, cfg.target)
+    raise UserError(f"data.target: {cfg.target} returned {type(result).__name__}; return (X, y) arrays, a "
+                    "map-style Dataset of (x, y) samples, or a DataBundle")
