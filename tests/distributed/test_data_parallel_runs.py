@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procs import children
 import torch
 from safetensors.torch import load_file
 
@@ -83,14 +84,6 @@ def test_out_of_memory_on_one_rank_is_agreed_by_all(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # the same as choosing micro-batch 4 from the start
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
-
-
 def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not (run_dir / "checkpoints" / "latest").exists():
@@ -106,7 +99,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(tm
     proc = subprocess.Popen(command(tmp_path / "run", *steps, nproc=2, micro=16, restarts=1),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     _wait_for_checkpoint(tmp_path / "run", proc)
-    workers = _children(proc.pid)
+    workers = children(proc.pid)
     assert len(workers) == 2, workers
     os.kill(workers[1], signal.SIGKILL)
     out, err = proc.communicate(timeout=300)

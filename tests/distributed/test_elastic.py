@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from procs import children
 
 pytestmark = pytest.mark.slow
 
@@ -41,14 +42,6 @@ def _train_rows(run_dir: Path) -> list[dict]:
         except ValueError:  # a line being written
             continue
     return [r for r in rows if r.get("split") == "train"]
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(c) for c in f.read().split()]
-    except OSError:
-        return []
 
 
 def _alive(pid: int) -> bool:
@@ -96,7 +89,7 @@ def test_a_node_joins_a_running_job_and_another_leaves_it(tmp_path):
         joined_at = min(r["step"] for r in _train_rows(run_dir) if r["accumulation"] == 1)
         _wait("a checkpoint of the pair", lambda: (run_dir / "checkpoints" / "latest").read_text().strip()
               >= f"step-{joined_at + 5:06d}", [first, second], deadline)
-        workers = _children(second.pid)
+        workers = children(second.pid)
         assert workers
         os.killpg(second.pid, signal.SIGKILL)  # the node leaves: its launcher and everything in its group
         second.wait(timeout=30)
