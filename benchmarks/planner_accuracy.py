@@ -72,10 +72,10 @@ def time_rows(device: torch.device) -> list[dict]:
             train = [r for r in read_metrics(Path(tmp) / "run" / "metrics.jsonl") if r["split"] == "train"]
         measured = statistics.median(r["step_time_s"] for r in train[WARMUP:])
         predicted = plan_local_step(cfg, device, catalog, micro_batch_size=result.micro_batch_size, calibration={})
-        row = {"case": name, "device": predicted["gpu"], "predicted_step_s": predicted["step_time_s"],
-               "measured_step_s": measured, "ratio": predicted["step_time_s"] / measured, "bound": predicted["bound"]}
+        row = {"case": name, "device": predicted.gpu, "predicted_step_s": predicted.step_time_s,
+               "measured_step_s": measured, "ratio": predicted.step_time_s / measured, "bound": predicted.bound}
         if device.type == "cuda":
-            row.update(predicted_peak_bytes=predicted["peak_bytes_per_gpu"],
+            row.update(predicted_peak_bytes=predicted.peak_bytes_per_gpu,
                        measured_reserved_bytes=int(torch.cuda.max_memory_reserved(device)),
                        measured_allocated_bytes=int(torch.cuda.max_memory_allocated(device)))
             row["peak_ratio"] = row["predicted_peak_bytes"] / row["measured_reserved_bytes"]

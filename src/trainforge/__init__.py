@@ -38,11 +38,12 @@ def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:
 
 
 def plan(config: Any = None, **kwargs: Any) -> dict:
-    """Memory, time and cost on candidate GPUs; see `trainforge.planning.plan.plan` (config: Config or recipe)."""
+    """Memory, time and cost on candidate GPUs: the `plan --json` document (`Plan.to_json()`); for the typed
+    `Plan` call `trainforge.planning.plan.plan` (config: Config or recipe)."""
     from trainforge.planning.plan import plan as _plan
 
     cfg = config if isinstance(config, Config) else load_config(config)
-    return _plan(cfg, **kwargs)
+    return _plan(cfg, **kwargs).to_json()
 
 
 def tune(recipe: Any, space: Any, **kwargs: Any) -> dict:

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import List, Optional
 
 import typer
 from rich.markup import escape
@@ -209,7 +209,7 @@ def launch(
     if out_file is None:
         sys.stdout.write(text)
         return
-    from trainforge.training.checkpoint import write_text_atomic
+    from trainforge.files import write_text_atomic
 
     if out_file.exists():
         raise UserError(f"--out: {out_file} exists; choose another file or remove it first")
@@ -284,7 +284,7 @@ def plan(
     result = run_plan(cfg, gpus=gpu or None, num_gpus=_parse_counts(num_gpus), budget_usd=budget_usd,
                       deadline_h=deadline_h, efficiency=efficiency, catalog=cat)
     if as_json:
-        print_json(result)
+        print_json(result.to_json())
         return
     for renderable in render_plan(result):
         out.print(renderable)

@@ -7,12 +7,12 @@ from typing import Any
 
 from rich.console import Console
 
+from trainforge.metrics_file import json_safe
+
 out = Console()  # stdout: results
 err = Console(stderr=True)  # stderr: progress, logs, errors
 
 
 def print_json(doc: Any) -> None:
     """Exactly one JSON document on stdout (numbers that JSON lacks, like NaN, become null)."""
-    from trainforge.training.metrics import json_safe
-
     sys.stdout.write(json.dumps(json_safe(doc), indent=1) + "\n")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 from trainforge.errors import UserError
+from trainforge.files import fsync_file, write_json_atomic
 
 MANIFEST_FILE = "manifest.json"
 HASH_BLOCK_BYTES = 1 << 20
@@ -32,29 +32,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def write_manifest(directory: Path, extra: Optional[dict[str, Any]] = None) -> list[str]:
     """Hash and fsync every plain file of `directory`, then write its manifest atomically; the hashed names.
 
@@ -65,7 +42,7 @@ def write_manifest(directory: Path, extra: Optional[dict[str, Any]] = None) -> l
     digests = {name: sha256_file(directory / name) for name in names}
     for name in names:
         fsync_file(directory / name)
-    write_text_atomic(directory / MANIFEST_FILE, json.dumps({**(extra or {}), "sha256": digests}, indent=1))
+    write_json_atomic(directory / MANIFEST_FILE, {**(extra or {}), "sha256": digests}, indent=1)
     return names
 
 

@@ -11,7 +11,12 @@ import trainforge
 from trainforge.cli import main
 from trainforge.errors import UserError
 from trainforge.planning.memory import SAFETY_MARGIN
-from trainforge.planning.plan import plan
+from trainforge.planning.plan import plan as typed_plan
+
+
+def plan(cfg, **kwargs) -> dict:
+    """These tests check the `plan --json` document; tests/planning/test_plan_result.py checks the typed Plan."""
+    return typed_plan(cfg, **kwargs).to_json()
 
 SIM_KEYS = {"peak_bytes", "breakdown", "model_flops_per_step", "hardware_flops_per_step", "samples_per_step",
             "tokens_per_step"}

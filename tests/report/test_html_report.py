@@ -12,7 +12,8 @@ import pytest
 
 from trainforge.errors import UserError
 from trainforge.report import write_report
-from trainforge.training.metrics import MetricsLog, classification_metrics, json_safe
+from trainforge.metrics_file import json_safe
+from trainforge.training.metrics import MetricsLog, classification_metrics
 
 CLASS_NAMES = ["cat", "<b>", "fox"]
 

@@ -1,7 +1,8 @@
 """Measuring an ONNX artifact on the CPU: latency (median and p90) at a fixed thread count, and test metrics.
 
     session = ort_session(path, threads=1)
-    timing = latency_ms(lambda: run(session, batch_of_32), budget_s=1.0)   # {"median", "p90", "runs"} in ms
+    timing = latency_ms(lambda: run(session, batch_of(inputs, 32)), budget_s=1.0)  # {"median", "p90", "runs"} in ms
+    timings = batch_latencies(inputs, lambda x: lambda: run(session, x), budget_s=1.0)  # {1: ..., 32: ...}
     metrics = evaluate_onnx(session, inputs, labels, task="classification")
 
 Timing: a few warm-up runs, then runs until `budget_s` has passed (at least `min_runs`); each run is timed
@@ -18,6 +19,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from trainforge.compression.artifact import INPUT_NAME
+
+BENCH_BATCHES = (1, 32)  # the batch sizes every variant is timed at (table columns b1, b32)
 
 
 def ort_session(path: Path, threads: int) -> Any:
@@ -48,6 +51,19 @@ def latency_ms(call: Callable[[], Any], *, budget_s: float = 1.0, min_runs: int 
         times.append(time.perf_counter() - t0)
     ms = np.asarray(times) * 1e3
     return {"median": float(np.median(ms)), "p90": float(np.percentile(ms, 90)), "runs": len(times)}
+
+
+def batch_of(inputs: np.ndarray, size: int) -> np.ndarray:
+    """`size` real samples (repeated when the split is smaller)."""
+    reps = -(-size // len(inputs))
+    return np.ascontiguousarray(np.concatenate([inputs] * reps)[:size])
+
+
+def batch_latencies(inputs: np.ndarray, make_call: Callable[[np.ndarray], Callable[[], Any]], *,
+                    budget_s: float) -> dict[int, dict[str, float]]:
+    """{batch size: latency_ms(...)} for each of BENCH_BATCHES; `make_call(batch)` returns the call to time
+    (one complete inference of that batch: ONNX Runtime, or a PyTorch model with its device synchronized)."""
+    return {b: latency_ms(make_call(batch_of(inputs, b)), budget_s=budget_s) for b in BENCH_BATCHES}
 
 
 def predict_all(session: Any, inputs: np.ndarray, batch_size: int = 256) -> np.ndarray:

@@ -29,16 +29,24 @@ from torch import nn
 
 from trainforge.compression import bench
 from trainforge.compression.artifact import FILE_NAMES, artifact_meta
+from trainforge.compression.distill import distillation_loss
 from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import PruneResult, count, prune_model
 from trainforge.compression.quantize import INT8_METHODS, choose_method, quantize_onnx
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, mark
+from trainforge.compression.render import report_section
+from trainforge.compression.torchao_quant import torchao_variant
+from trainforge.config import config_from_dict
+from trainforge.data import build_data
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
+from trainforge.report import write_report
+from trainforge.training.api import train
+from trainforge.training.artifacts import load_trained
+from trainforge.training.loop import FitHooks
 
 QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
 EXPORTS = ("onnx",)
-BENCH_BATCHES = (1, 32)
 TEMP_SUFFIXES = (".export.onnx", ".prep.onnx", ".q.onnx")  # left by a crash mid-export or mid-quantization
 
 
@@ -94,8 +102,6 @@ class Split:
 def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: Optional[CompressOptions] = None,
              log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """Run the stages `options` asks for on CHECKPOINT (run dir, final/ or checkpoints/step-*); see module doc."""
-    from trainforge.training.artifacts import load_trained
-
     options = options or CompressOptions()
     options.check()
     trained = load_trained(Path(checkpoint), verify=options.verify)
@@ -148,8 +154,6 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
                                  calibration=batches)
             variants.append(measure(name, path, n_params, n_flops, reference=reference))
     elif options.quantize.startswith("torchao"):
-        from trainforge.compression.torchao_quant import torchao_variant
-
         log(f"quantizing Linear weights with {options.quantize}")
         variants.append(torchao_variant(model, options.quantize, test, teacher_logits, out_dir, params, flops,
                                         info.task, options.bench_s, options.device))
@@ -173,9 +177,6 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     (out_dir / "compress.json").write_text(json.dumps(doc, indent=1))
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included
     if run_dir is not None:
-        from trainforge.compression.render import report_section
-        from trainforge.report import write_report
-
         doc["report"] = str(write_report(run_dir, extra_sections=[("Compression", report_section(doc))]))
     return doc
 
@@ -187,13 +188,11 @@ class Measurer:
         self.test, self.task, self.options, self.log = test, task, options, log
 
     def __call__(self, name: str, path: Path, params: int, flops: int, reference: np.ndarray) -> dict[str, Any]:
-        self.log(f"measuring {name}: test split, latency at batch {', '.join(map(str, BENCH_BATCHES))}")
+        self.log(f"measuring {name}: test split, latency at batch {', '.join(map(str, bench.BENCH_BATCHES))}")
         session = bench.ort_session(path, self.options.threads)
         logits = bench.predict_all(session, self.test.inputs)
-        timings = {}
-        for b in BENCH_BATCHES:
-            x = batch_of(self.test.inputs, b)
-            timings[b] = bench.latency_ms(lambda: bench.run(session, x), budget_s=self.options.bench_s)
+        timings = bench.batch_latencies(self.test.inputs, lambda x: lambda: bench.run(session, x),
+                                        budget_s=self.options.bench_s)
         threads = self.options.threads
         runtime = f"onnxruntime-cpu ({threads} thread{'s' if threads > 1 else ''})"
         # free the session's threads now: a fine-tuning run next may fork DataLoader workers, and a session
@@ -213,16 +212,8 @@ def add_comparisons(variants: list[dict[str, Any]]) -> None:
             v["accuracy_delta_pt"] = 100.0 * (v["accuracy"] - base["accuracy"])
 
 
-def batch_of(inputs: np.ndarray, size: int) -> np.ndarray:
-    """`size` real samples (repeated when the split is smaller)."""
-    reps = -(-size // len(inputs))
-    return np.ascontiguousarray(np.concatenate([inputs] * reps)[:size])
-
-
 def load_splits(cfg: Any, calibration_samples: int) -> tuple[Split, Split]:
     """The test split, and a seeded random subset of the unaugmented train split for calibration."""
-    from trainforge.data import build_data
-
     data = build_data(cfg.data, seed=cfg.seed)
     test = to_arrays(data.test, range(len(data.test)))
     order = np.random.default_rng(cfg.seed).permutation(len(data.train))[:calibration_samples]
@@ -243,11 +234,6 @@ def torch_logits(model: nn.Module, inputs: np.ndarray, batch_size: int = 256) ->
 def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_dir: Path, options: CompressOptions,
               log: Callable[[str], None]) -> tuple[nn.Module, dict[str, Any]]:
     """Train the pruned model through the normal loop (resumable, checkpointed, reported) in `run_dir`."""
-    from trainforge.config import config_from_dict
-    from trainforge.training.api import train
-    from trainforge.training.artifacts import load_trained
-    from trainforge.training.loop import FitHooks
-
     d = cfg.model_dump(mode="json")
     d["name"] = f"{cfg.name}-pruned"
     d["model"]["pruned"] = True
@@ -257,8 +243,6 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
     ft_cfg = config_from_dict(d)
     loss = None
     if options.distill:
-        from trainforge.compression.distill import distillation_loss
-
         loss = distillation_loss(copy.deepcopy(teacher), task=task,
                                  temperature=options.temperature, alpha=options.alpha)
     log(f"fine-tuning the pruned model for {options.finetune_epochs} epoch(s){' with distillation' if loss else ''} in {run_dir}")

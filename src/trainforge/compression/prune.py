@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from trainforge.errors import UserError
+from trainforge.models.transformer import FeedForward
 
 
 @dataclass
@@ -60,8 +61,6 @@ def prune_model(model: nn.Module, example: torch.Tensor, ratio: float) -> PruneR
 
 def prunable_layers(model: nn.Module) -> list[nn.Module]:
     """Convolutions, and the first Linear of each Transformer feed-forward block (its hidden width)."""
-    from trainforge.models.transformer import FeedForward
-
     convs = [m for m in model.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d)) and m.groups == 1]
     hidden = [m.c_fc for m in model.modules() if isinstance(m, FeedForward)]
     return convs + hidden

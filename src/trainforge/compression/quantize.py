@@ -33,6 +33,7 @@ from torch import nn
 from trainforge.compression.artifact import INPUT_NAME, embed_meta
 from trainforge.compression.export import slim
 from trainforge.errors import UserError
+from trainforge.models import is_convolutional
 from trainforge.registry import Registry
 
 INT8_METHODS: Registry = Registry("int8 method", "--int8-method")
@@ -58,8 +59,6 @@ STATIC = StaticInt8()
 
 def choose_method(model: nn.Module) -> str:
     """Static QDQ for models whose compute is convolutions, dynamic for the rest (Linear-heavy)."""
-    from trainforge.models import is_convolutional
-
     return "static" if is_convolutional(model) else "dynamic"
 
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
-from trainforge.compression.bench import latency_ms, variant_row
+from trainforge.compression.bench import batch_latencies, variant_row
 from trainforge.errors import UserError
 
 CONFIGS = {"torchao-int8": "Int8WeightOnlyConfig", "torchao-float8": "Float8WeightOnlyConfig"}  # torchao.quantization
-BENCH_BATCHES = (1, 32)
 
 
 def quantize_linear_weights(model: nn.Module, kind: str, device: torch.device) -> nn.Module:
@@ -41,8 +40,6 @@ def quantize_linear_weights(model: nn.Module, kind: str, device: torch.device) -
 def torchao_variant(model: nn.Module, kind: str, test: Any, reference: np.ndarray, out_dir: Path, params: int,
                     flops: int, task: str, bench_s: float, device: Optional[str] = None) -> dict[str, Any]:
     """One row of the compression table for the torchao-quantized model (`reference`: fp32 test logits)."""
-    from trainforge.compression.pipeline import batch_of
-
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     quantized = quantize_linear_weights(model, kind, dev)
     path = out_dir / f"{kind}.pt"
@@ -51,14 +48,16 @@ def torchao_variant(model: nn.Module, kind: str, test: Any, reference: np.ndarra
         logits = torch.cat([quantized(torch.from_numpy(test.inputs[i:i + 256]).to(dev)).float().cpu()
                             for i in range(0, len(test.inputs), 256)]).numpy()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    timings = {}
-    for b in BENCH_BATCHES:
-        x = torch.from_numpy(batch_of(test.inputs, b)).to(dev)
+
+    def timed(batch: np.ndarray) -> Callable[[], None]:
+        x = torch.from_numpy(batch).to(dev)
 
         def call() -> None:
             with torch.no_grad():
                 quantized(x)
             sync()
 
-        timings[b] = latency_ms(call, budget_s=bench_s)
+        return call
+
+    timings = batch_latencies(test.inputs, timed, budget_s=bench_s)
     return variant_row(kind, path, f"torch-{dev.type}", params, flops, logits, test.labels, task, reference, timings)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trainforge.errors import UserError
+from trainforge.files import write_text_atomic
 from trainforge.jobs import runner
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
@@ -328,7 +329,7 @@ class JobService:
         slots = [self.slot_by_id[s] for s in job.slots]
         try:
             private_dir(paths.job_dir)
-            _write_atomic(paths.recipe, job.config_yaml)  # what was accepted, whatever a stale directory holds
+            write_text_atomic(paths.recipe, job.config_yaml, mode=PRIVATE_FILE)  # what was accepted, whatever a stale directory holds
             runner.kill_leftovers(paths.run_dir)
             argv = runner.train_argv(self.python, paths, slots, resume=job.resume)
             header = (f"attempt {job.attempt} on {', '.join(job.slots)} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
@@ -381,13 +382,6 @@ def private_dir(path: Path) -> None:
     """Create `path` (and parents) readable by this user only; an existing one is made so too."""
     path.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
     os.chmod(path, PRIVATE_DIR)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE), "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class StateDirLock:

@@ -11,11 +11,13 @@ Exit status: the trainer's code, or 128+N when signal N killed it.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
+
+from trainforge.files import write_json_atomic
 
 PR_SET_PDEATHSIG = 1
 
@@ -36,12 +38,7 @@ def _die_with_parent():
 
 
 def _write_exit(path: str, attempt: int, returncode: int) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump({"attempt": attempt, "returncode": returncode}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_json_atomic(Path(path), {"attempt": attempt, "returncode": returncode})
 
 
 def main(argv: list[str] | None = None) -> int:

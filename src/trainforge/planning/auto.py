@@ -14,8 +14,12 @@ import torch
 from trainforge.config import Config
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
+from trainforge.hardware.catalog import load_catalog
+from trainforge.planning.calibration_store import load_calibration
 from trainforge.planning.corrections import applicable, corrected_peak_bytes
+from trainforge.planning.local import available_memory_bytes
 from trainforge.planning.memory import SAFETY_MARGIN, SimKey, candidate_micro_batches, fit_linear
+from trainforge.planning.plan import Planner
 
 CPU_BUDGET_SHARE = 0.5
 
@@ -33,16 +37,11 @@ def memory_budget_bytes(cfg: Config, device: torch.device) -> int:
         return int(free)
     if cfg.train.memory_budget_bytes is not None:
         return cfg.train.memory_budget_bytes
-    from trainforge.planning.local import available_memory_bytes
-
     return int(available_memory_bytes() * CPU_BUDGET_SHARE)
 
 
 def auto_micro_batch(cfg: Config, info: DataInfo, device: torch.device, precision: str, *,
                      steps: int, world_size: int = 1) -> AutoChoice:
-    from trainforge.planning.calibrate import load_calibration
-    from trainforge.planning.plan import Planner
-
     planner = Planner(cfg, info=info, steps=steps)
     budget = memory_budget_bytes(cfg, device)
     usable = budget * SAFETY_MARGIN
@@ -74,7 +73,5 @@ def auto_micro_batch(cfg: Config, info: DataInfo, device: torch.device, precisio
 
 
 def _catalog_name(device: torch.device) -> str:
-    from trainforge.hardware.catalog import load_catalog
-
     spec = load_catalog().match_device_name(torch.cuda.get_device_name(device))
     return spec.name if spec else ""

@@ -1,9 +1,13 @@
 """`trainforge plan`: memory, time, cost and energy of a recipe on candidate GPUs, and a recommended setup.
 
-    result = plan(cfg, gpus=["h100-sxm", "rtx-4090"], num_gpus=[1, 2, 4, 8], budget_usd=500)
-    result["simulation"]      # the recipe's own step, simulated: peak bytes, breakdown, FLOPs per step
-    result["candidates"]      # one row per GPU type x count: fits?, strategy, micro-batch, time, cost, energy
-    result["recommendation"]  # fastest, cheapest, and the pick within budget and deadline
+    result = plan(cfg, gpus=["h100-sxm", "rtx-4090"], num_gpus=[1, 2, 4, 8], budget_usd=500)  # -> Plan
+    result.simulation       # the recipe's own step, simulated: peak bytes, breakdown, FLOPs per step
+    result.candidates       # one Candidate per GPU type x count: fits?, strategy, micro-batch, time, cost, energy
+    result.recommendation   # fastest, cheapest, and the pick within budget and deadline
+    result.to_json()        # the `plan --json` document (planning.result)
+
+Each candidate is three small steps: `fit_memory` (strategy and micro-batch), `time_step` (roofline step
+time), `price_run` (total time, cost, energy against budget and deadline); `Planner.candidate` chains them.
 
 For each GPU type and count the strategies are tried in order — DDP (one GPU: plain) when the whole
 model fits, else FSDP, else FSDP (or plain) with activation checkpointing — and the largest micro-batch
@@ -14,21 +18,26 @@ time from the roofline of `planning.roofline`. Simulations are shared by every G
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence, Union
 
 
 from trainforge.config import Config
+from trainforge.data import build_data
 from trainforge.data.base import DataInfo
+from trainforge.data.loader import steps_per_epoch
 from trainforge.errors import UserError
-from trainforge.hardware.catalog import Catalog, GPUSpec, load_catalog
-from trainforge.planning.calibrate import load_calibration
-from trainforge.planning.corrections import applicable, corrected_peak_bytes
+from trainforge.hardware.catalog import Catalog, GPUSpec, Price, load_catalog
+from trainforge.models import build_model, is_convolutional
+from trainforge.planning.calibration_store import load_calibration
+from trainforge.planning.corrections import Term, applicable, corrected_peak_bytes
 from trainforge.planning.kernels import kernels_per_micro_batch
 from trainforge.planning.local import local_spec, spec_for
 from trainforge.planning.memory import SAFETY_MARGIN, LinearPeak, SimCache, SimKey, fit_linear, largest_fitting
-from trainforge.planning.roofline import Efficiency, default_efficiency, run_totals, step_time
+from trainforge.planning.result import Candidate, Plan, Recommendation, StepSimulation
+from trainforge.planning.roofline import Efficiency, StepTime, default_efficiency, run_totals, step_time
 from trainforge.planning.simulate import Simulation, simulate_step
 from trainforge.training.microbatch import batch_geometry
+from trainforge.training.precision import resolve_precision
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 HOPPER_OR_NEWER = ("h100", "h200", "b200", "gh200")
@@ -53,9 +62,6 @@ class Planner:
 
     def __init__(self, cfg: Config, info: Optional[DataInfo] = None, steps: Optional[int] = None) -> None:
         if info is None or steps is None:
-            from trainforge.data import build_data
-            from trainforge.data.loader import steps_per_epoch
-
             data = build_data(cfg.data, seed=cfg.seed)
             info = data.info
             steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
@@ -86,12 +92,39 @@ class Planner:
         deadline_h: Optional[float] = None,
         fixed_micro: Optional[int] = None,
         device_type: str = "cuda",
-    ) -> dict[str, Any]:
-        return plan_one(
-            spec, num_gpus, precision=precision, global_batch=self.cfg.train.global_batch_size, steps=self.steps,
-            cache=self.cache, facts=self.facts, compiled=self.cfg.train.compile, efficiency=efficiency,
-            kernel_count=self.kernel_count, price=price, calibration=calibration or {}, budget_usd=budget_usd,
-            deadline_h=deadline_h, fixed_micro=fixed_micro, device_type=device_type,
+    ) -> Candidate:
+        """Fit memory (strategy, micro-batch) → time the step (roofline) → price the run (cost, energy)."""
+        calibration = calibration or {}
+        global_batch = self.cfg.train.global_batch_size
+        if global_batch % num_gpus:
+            return Candidate(spec.name, num_gpus, precision, fits=False,
+                             reason=f"global batch {global_batch} does not divide over {num_gpus} GPUs")
+        per_gpu = global_batch // num_gpus
+        rule = MemoryRule(spec.memory_bytes * SAFETY_MARGIN, tuple(applicable(device_type, num_gpus, self.facts.convolutional)),
+                          calibration.get("memory_factor"))
+        fit = fit_memory(num_gpus, per_gpu, self.cache, self.facts, rule, precision, fixed_micro)
+        if isinstance(fit, str):
+            return Candidate(spec.name, num_gpus, precision, fits=False, reason=fit)
+        timing = time_step(spec, fit, num_gpus=num_gpus, per_gpu=per_gpu, precision=precision,
+                           efficiency=efficiency_for(efficiency, fit.one, self.facts, spec, self.cfg.train.compile),
+                           kernels_per_micro_batch=self.kernel_count(precision),
+                           time_factor=calibration.get("time_factor"))
+        cost = price_run(timing.step_time_s, steps=self.steps, num_gpus=num_gpus, tdp_watts=spec.tdp_watts,
+                         price=price, budget_usd=budget_usd, deadline_h=deadline_h)
+        return Candidate(
+            spec.name, num_gpus, precision, fits=True,
+            strategy=fit.strategy, activation_checkpointing=fit.activation_checkpointing,
+            micro_batch_size=fit.micro_batch_size, accumulation=fit.accumulation,
+            peak_bytes_per_gpu=fit.peak_bytes, simulated_peak_bytes_per_gpu=fit.simulated_peak_bytes,
+            corrections_bytes=fit.corrections_bytes, memory_bytes=spec.memory_bytes,
+            step_time_s=timing.step_time_s, step_time_range_s=timing.step_time_range_s,
+            calibrated_time_factor=timing.calibrated_time_factor, bound=timing.bound,
+            exposed_comm_s=timing.exposed_comm_s, efficiency=timing.efficiency.mid,
+            efficiency_range=(timing.efficiency.low, timing.efficiency.high),
+            efficiency_source=timing.efficiency.source,
+            total_time_s=cost.total_time_s, cost_usd=cost.cost_usd, energy_kwh=cost.energy_kwh,
+            price_usd_per_hour=cost.price_usd_per_hour, price_source=cost.price_source,
+            within_budget=cost.within_budget, within_deadline=cost.within_deadline,
         )
 
 
@@ -105,7 +138,9 @@ def plan(
     efficiency: Optional[float] = None,
     catalog: Optional[Catalog] = None,
     calibration: Optional[dict[str, dict[str, float]]] = None,
-) -> dict[str, Any]:
+) -> Plan:
+    """The plan (`Plan.to_json()` is the `plan --json` document): simulate the recipe's step, price every
+    GPU type x count, recommend."""
     catalog = catalog or load_catalog()
     specs = [spec_for(g, catalog) for g in gpus] if gpus else [catalog.get(n) for n in catalog.names()]
     counts = sorted(set(int(n) for n in num_gpus))
@@ -115,60 +150,62 @@ def plan(
         raise UserError(f"--efficiency: expected a fraction in (0, 1], got {efficiency}")
     calibration = load_calibration() if calibration is None else calibration
     planner = Planner(cfg)
-    global_batch = cfg.train.global_batch_size
 
-    rows = []
+    candidates = []
     for spec in specs:
         device_type = "cpu" if spec.name == "cpu" else "cuda"
         precision = gpu_precision(cfg.train.precision, spec) if device_type == "cuda" else _cpu_precision(cfg)
         for n in counts if device_type == "cuda" else [1]:
-            rows.append(planner.candidate(
+            candidates.append(planner.candidate(
                 spec, n, precision=precision, price=None if device_type == "cpu" else catalog.price(spec.name),
                 calibration=calibration.get(spec.name, {}), efficiency=efficiency, budget_usd=budget_usd,
                 deadline_h=deadline_h, device_type=device_type,
             ))
+    return Plan(
+        recipe=cfg.name,
+        steps=planner.steps,
+        global_batch_size=cfg.train.global_batch_size,
+        simulation=own_step(planner),  # after the candidates: it counts every simulation run
+        candidates=tuple(sorted(candidates, key=rank_key)),
+        recommendation=recommend(candidates, budget_usd, deadline_h),
+    )
 
+
+def own_step(planner: Planner) -> StepSimulation:
+    """The recipe's own step as configured (its micro-batch, one device), from the shared simulations."""
+    cfg, global_batch = planner.cfg, planner.cfg.train.global_batch_size
     micro = (batch_geometry(global_batch, cfg.train.micro_batch_size).micro_batch_size  # an upper bound, as in training
              if isinstance(cfg.train.micro_batch_size, int) else 1)
-    own_precision = "fp32" if cfg.train.precision == "fp32" else "bf16"
-    own = planner.cache.get(SimKey("none", 1, False, own_precision), micro)
-    return {
-        "recipe": cfg.name,
-        "steps": planner.steps,
-        "global_batch_size": global_batch,
-        "simulation": {
-            "micro_batch_size": micro,
-            "precision": own_precision,
-            "peak_bytes": own.peak_bytes,
-            "breakdown": own.breakdown,
-            "param_count": own.param_count,
-            "model_flops_per_step": own.model_flops_per_sample * global_batch,
-            "hardware_flops_per_step": own.hardware_flops_per_sample * global_batch,
-            "samples_per_step": global_batch,
-            "tokens_per_step": global_batch * own.tokens_per_sample,
-            "accumulation": global_batch // micro,
-            "simulations_run": len(planner.cache.runs),
-        },
-        "candidates": sorted(rows, key=rank_key),
-        "recommendation": recommend(rows, budget_usd, deadline_h),
-    }
+    precision = "fp32" if cfg.train.precision == "fp32" else "bf16"
+    own = planner.cache.get(SimKey("none", 1, False, precision), micro)
+    return StepSimulation(
+        micro_batch_size=micro,
+        precision=precision,
+        peak_bytes=own.peak_bytes,
+        breakdown=own.breakdown,
+        param_count=own.param_count,
+        model_flops_per_step=own.model_flops_per_sample * global_batch,
+        hardware_flops_per_step=own.hardware_flops_per_sample * global_batch,
+        samples_per_step=global_batch,
+        tokens_per_step=global_batch * own.tokens_per_sample,
+        accumulation=global_batch // micro,
+        simulations_run=len(planner.cache.runs),
+    )
 
 
 def plan_local_step(
     cfg: Config, device, catalog: Catalog, *, micro_batch_size: int, calibration: Optional[dict] = None
-) -> dict[str, Any]:
+) -> Candidate:
     """The prediction for `cfg` as configured on this machine's device (one device, no parallelism)."""
-    from trainforge.training.precision import resolve_precision
-
     spec = local_spec(device, catalog)
-    row = Planner(cfg).candidate(
+    candidate = Planner(cfg).candidate(
         spec, 1, precision=resolve_precision(cfg.train.precision, device),
         calibration=(calibration if calibration is not None else load_calibration()).get(spec.name, {}),
         fixed_micro=micro_batch_size, device_type=device.type,
     )
-    if not row["fits"]:
-        raise UserError(f"{cfg.name}: micro-batch {micro_batch_size} does not fit this {spec.name}: {row['reason']}")
-    return row
+    if not candidate.fits:
+        raise UserError(f"{cfg.name}: micro-batch {micro_batch_size} does not fit this {spec.name}: {candidate.reason}")
+    return candidate
 
 
 def _cpu_precision(cfg: Config) -> str:
@@ -186,8 +223,6 @@ def gpu_precision(requested: str, spec: GPUSpec) -> str:
 
 def model_facts(cfg: Config, info: DataInfo) -> ModelFacts:
     import torch
-
-    from trainforge.models import build_model, is_convolutional
 
     with torch.device("meta"):
         model, _ = build_model(cfg.model, info)
@@ -208,114 +243,138 @@ def strategies_for(num_gpus: int) -> list[tuple[str, bool]]:
     return [("ddp", False), ("fsdp", False), ("fsdp", True)]
 
 
-def plan_one(
-    spec: GPUSpec,
-    num_gpus: int,
-    *,
-    precision: str,
-    global_batch: int,
-    steps: int,
-    cache: SimCache,
-    facts: ModelFacts,
-    compiled: bool,
-    efficiency: Optional[float],
-    kernel_count,
-    price,
-    calibration: dict[str, float],
-    budget_usd: Optional[float],
-    deadline_h: Optional[float],
+@dataclass(frozen=True)
+class MemoryRule:
+    """How a simulated peak becomes a need on one GPU (correction terms, a calibrated factor), and the room."""
+
+    usable_bytes: float  # the GPU's memory less the safety margin
+    terms: tuple[Term, ...]
+    factor: Optional[float]  # a calibrated memory factor replacing the allocator's, or None
+
+    def corrected(self, peak: float) -> int:
+        return corrected_peak_bytes(int(peak), list(self.terms), self.factor)[0]
+
+    def corrections(self, peak: float) -> tuple[int, dict[str, int]]:
+        return corrected_peak_bytes(int(peak), list(self.terms), self.factor)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The first strategy, in order of preference, whose largest micro-batch fits; and its simulations."""
+
+    strategy: str
+    activation_checkpointing: bool
+    micro_batch_size: int
+    accumulation: int
+    simulated_peak_bytes: int
+    peak_bytes: int  # with the correction terms
+    corrections_bytes: dict[str, int]
+    one: Simulation  # micro-batch 1
+    two: Simulation  # micro-batch 2 (`one` when the per-GPU batch is 1)
+
+
+def fit_memory(
+    num_gpus: int, per_gpu: int, cache: SimCache, facts: ModelFacts, rule: MemoryRule, precision: str,
     fixed_micro: Optional[int] = None,
-    device_type: str = "cuda",
-) -> dict[str, Any]:
-    row: dict[str, Any] = {"gpu": spec.name, "num_gpus": num_gpus, "precision": precision, "fits": False}
-    if global_batch % num_gpus:
-        row["reason"] = f"global batch {global_batch} does not divide over {num_gpus} GPUs"
-        return row
-    per_gpu = global_batch // num_gpus
-    usable = spec.memory_bytes * SAFETY_MARGIN
-    terms = applicable(device_type, num_gpus, facts.convolutional)
-    factor = calibration.get("memory_factor")
-
-    def corrected(peak: float) -> float:
-        return corrected_peak_bytes(int(peak), terms, factor)[0]
-
+) -> Union[Fit, str]:
+    """Try the strategies in order and take the largest micro-batch that fits (or `fixed_micro` if it
+    does); the reason nothing fits otherwise."""
     memory_class = "fp32" if precision == "fp32" else "bf16"
     smallest_need = None
     for strategy, ckpt in strategies_for(num_gpus):
-        floor = facts.param_count * facts.state_bytes_per_param / (num_gpus if strategy == "fsdp" else 1)
-        if corrected(floor) > usable:  # weights, gradients and optimizer state alone: no need to simulate
-            smallest_need = corrected(floor) if smallest_need is None else min(smallest_need, corrected(floor))
+        floor = rule.corrected(facts.param_count * facts.state_bytes_per_param / (num_gpus if strategy == "fsdp" else 1))
+        if floor > rule.usable_bytes:  # weights, gradients and optimizer state alone: no need to simulate
+            smallest_need = floor if smallest_need is None else min(smallest_need, floor)
             continue
         key = SimKey("fsdp" if strategy == "fsdp" else "none", num_gpus if strategy == "fsdp" else 1, ckpt, memory_class)
         one = cache.get(key, 1)
-        need = corrected(one.peak_bytes)
+        need = rule.corrected(one.peak_bytes)
         smallest_need = need if smallest_need is None else min(smallest_need, need)
-        if need > usable:
+        if need > rule.usable_bytes:
             continue
         two = cache.get(key, 2) if per_gpu >= 2 else one
         line = fit_linear(one, two) if two is not one else LinearPeak(one.peak_bytes, 0.0)
         if fixed_micro is not None:
-            micro = fixed_micro if corrected(line.at(fixed_micro)) <= usable else None
+            micro = fixed_micro if rule.corrected(line.at(fixed_micro)) <= rule.usable_bytes else None
         else:
-            micro = largest_fitting(line, per_gpu, usable, corrected)
+            micro = largest_fitting(line, per_gpu, rule.usable_bytes, rule.corrected)
         if micro is None:
             continue
-        accumulation = per_gpu // micro
-        eff = efficiency_for(efficiency, one, facts, spec, compiled)
-        times = {
-            name: step_time(
-                hardware_flops_per_gpu=one.hardware_flops_per_sample * per_gpu,
-                bytes_moved_per_gpu=traffic_per_step(one, two, micro, accumulation),
-                kernels_per_step=kernel_count(precision) * accumulation,
-                peak_flops=spec.peak_flops_for(precision),
-                bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
-                efficiency=value,
-                strategy=strategy,
-                num_gpus=num_gpus,
-                accumulation=accumulation,
-                grad_bytes=one.grad_bytes,
-                param_bytes=one.grad_bytes * (0.5 if precision != "fp32" else 1.0),  # gathered in param dtype
-                interconnect_bytes_per_s=spec.interconnect_bytes_per_s,
-            )
-            for name, value in (("mid", eff.mid), ("fast", eff.high), ("slow", eff.low))
-        }
-        mid = times["mid"]
-        # a calibration on this GPU type (measured / predicted step time) scales the roofline's answer
-        time_factor = calibration.get("time_factor", 1.0)
-        step_s = mid.step_time_s * time_factor
-        usd = price.usd_per_hour if price is not None else None
-        totals = run_totals(step_s, steps, num_gpus, usd, spec.tdp_watts)
-        peak, added = corrected_peak_bytes(int(line.at(micro)), terms, factor)
-        row.update(
-            fits=True,
-            strategy=strategy,
-            activation_checkpointing=ckpt,
-            micro_batch_size=micro,
-            accumulation=accumulation,
-            peak_bytes_per_gpu=peak,
-            simulated_peak_bytes_per_gpu=int(line.at(micro)),
-            corrections_bytes=added,
-            memory_bytes=spec.memory_bytes,
-            step_time_s=step_s,
-            step_time_range_s=[times["fast"].step_time_s * time_factor, times["slow"].step_time_s * time_factor],
-            calibrated_time_factor=calibration.get("time_factor"),
-            bound=mid.bound,
-            exposed_comm_s=mid.exposed_comm_s,
-            efficiency=eff.mid,
-            efficiency_range=[eff.low, eff.high],
-            efficiency_source=eff.source,
-            **totals,
-            price_usd_per_hour=usd,
-            price_source=None if price is None else f"{price.provider} {price.terms} {price.date}",
-            within_budget=None if budget_usd is None or totals["cost_usd"] is None else totals["cost_usd"] <= budget_usd,
-            within_deadline=None if deadline_h is None else totals["total_time_s"] <= deadline_h * 3600,
-        )
-        return row
-    row["reason"] = (
+        peak, added = rule.corrections(line.at(micro))
+        return Fit(strategy, ckpt, micro, per_gpu // micro, int(line.at(micro)), peak, added, one, two)
+    return (
         f"needs {smallest_need / 2**30:.1f} GiB per GPU even at micro-batch 1 with every strategy; "
-        f"{usable / 2**30:.1f} GiB usable" if smallest_need else "does not fit"
+        f"{rule.usable_bytes / 2**30:.1f} GiB usable" if smallest_need else "does not fit"
     )
-    return row
+
+
+@dataclass(frozen=True)
+class Timing:
+    step_time_s: float  # at the mid efficiency, times the calibrated factor
+    step_time_range_s: tuple[float, float]  # at the high and the low efficiency
+    calibrated_time_factor: Optional[float]
+    bound: str
+    exposed_comm_s: float
+    efficiency: Efficiency
+
+
+def time_step(
+    spec: GPUSpec, fit: Fit, *, num_gpus: int, per_gpu: int, precision: str, efficiency: Efficiency,
+    kernels_per_micro_batch: int, time_factor: Optional[float],
+) -> Timing:
+    """The roofline step time of `fit` on `spec` at the mid, high and low efficiency; a calibration on this
+    GPU type (measured / predicted step time) scales the roofline's answer."""
+    one, accumulation = fit.one, fit.accumulation
+
+    def at(value: float) -> StepTime:
+        return step_time(
+            hardware_flops_per_gpu=one.hardware_flops_per_sample * per_gpu,
+            bytes_moved_per_gpu=traffic_per_step(one, fit.two, fit.micro_batch_size, accumulation),
+            kernels_per_step=kernels_per_micro_batch * accumulation,
+            peak_flops=spec.peak_flops_for(precision),
+            bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
+            efficiency=value,
+            strategy=fit.strategy,
+            num_gpus=num_gpus,
+            accumulation=accumulation,
+            grad_bytes=one.grad_bytes,
+            param_bytes=one.grad_bytes * (0.5 if precision != "fp32" else 1.0),  # gathered in param dtype
+            interconnect_bytes_per_s=spec.interconnect_bytes_per_s,
+        )
+
+    mid, fast, slow = at(efficiency.mid), at(efficiency.high), at(efficiency.low)
+    factor = 1.0 if time_factor is None else time_factor
+    return Timing(mid.step_time_s * factor, (fast.step_time_s * factor, slow.step_time_s * factor), time_factor,
+                  mid.bound, mid.exposed_comm_s, efficiency)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    total_time_s: float
+    cost_usd: Optional[float]  # None without a price
+    energy_kwh: float
+    price_usd_per_hour: Optional[float]
+    price_source: Optional[str]
+    within_budget: Optional[bool]  # None without a budget or a price
+    within_deadline: Optional[bool]  # None without a deadline
+
+
+def price_run(
+    step_time_s: float, *, steps: int, num_gpus: int, tdp_watts: float, price: Optional[Price],
+    budget_usd: Optional[float], deadline_h: Optional[float],
+) -> Pricing:
+    """Total time, cost and energy of `steps` steps on `num_gpus` GPUs, against the budget and deadline."""
+    usd = price.usd_per_hour if price is not None else None
+    totals = run_totals(step_time_s, steps, num_gpus, usd, tdp_watts)
+    return Pricing(
+        total_time_s=totals["total_time_s"],
+        cost_usd=totals["cost_usd"],
+        energy_kwh=totals["energy_kwh"],
+        price_usd_per_hour=usd,
+        price_source=None if price is None else f"{price.provider} {price.terms} {price.date}",
+        within_budget=None if budget_usd is None or totals["cost_usd"] is None else totals["cost_usd"] <= budget_usd,
+        within_deadline=None if deadline_h is None else totals["total_time_s"] <= deadline_h * 3600,
+    )
 
 
 def efficiency_for(
@@ -337,29 +396,28 @@ def traffic_per_step(one: Simulation, two: Simulation, micro: int, accumulation:
     return (t1 + slope * (micro - one.micro_batch_size)) * accumulation
 
 
-def rank_key(row: dict[str, Any]) -> tuple:
-    cost = row.get("cost_usd")
-    return (not row["fits"], cost is None, cost or 0.0, row.get("total_time_s") or 0.0)
+def rank_key(candidate: Candidate) -> tuple:
+    """Fitting first, then priced, then cheapest, then fastest."""
+    cost = candidate.cost_usd
+    return (not candidate.fits, cost is None, cost or 0.0, candidate.total_time_s or 0.0)
 
 
-def recommend(rows: list[dict[str, Any]], budget_usd: Optional[float], deadline_h: Optional[float]) -> dict[str, Any]:
-    fitting = [r for r in rows if r["fits"]]
-    priced = [r for r in fitting if r.get("cost_usd") is not None]
-    ok = [r for r in priced if r.get("within_budget") is not False and r.get("within_deadline") is not False]
-
-    def pick(r: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
-        return None if r is None else {k: r[k] for k in ("gpu", "num_gpus", "strategy", "micro_batch_size",
-                                                         "accumulation", "total_time_s", "cost_usd")}
-
-    best = min(ok, key=lambda r: (r["cost_usd"], r["total_time_s"])) if ok else None
-    out = {
-        "fastest": pick(min(fitting, key=lambda r: r["total_time_s"]) if fitting else None),
-        "cheapest": pick(min(priced, key=lambda r: r["cost_usd"]) if priced else None),
-        "recommended": pick(best),
-    }
+def recommend(candidates: Sequence[Candidate], budget_usd: Optional[float], deadline_h: Optional[float]) -> Recommendation:
+    """The fastest, the cheapest, and the cheapest within budget and deadline (each candidate already says
+    whether it is within them; ties go to the first in `candidates`)."""
+    fitting = [c for c in candidates if c.fits]
+    priced = [c for c in fitting if c.cost_usd is not None]
+    ok = [c for c in priced if c.within_budget is not False and c.within_deadline is not False]
+    best = min(ok, key=lambda c: (c.cost_usd, c.total_time_s)) if ok else None
+    reason = None
     if best is None:
         if not fitting:
-            out["reason"] = "no candidate fits in memory; add GPUs (--num-gpus), pick larger GPUs or shrink the model"
+            reason = "no candidate fits in memory; add GPUs (--num-gpus), pick larger GPUs or shrink the model"
         else:
-            out["reason"] = "no candidate meets the budget and deadline; relax one of them"
-    return out
+            reason = "no candidate meets the budget and deadline; relax one of them"
+    return Recommendation(
+        fastest=min(fitting, key=lambda c: c.total_time_s) if fitting else None,
+        cheapest=min(priced, key=lambda c: c.cost_usd) if priced else None,
+        recommended=best,
+        reason=reason,
+    )

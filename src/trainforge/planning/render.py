@@ -6,6 +6,9 @@ from typing import Any, Iterator, Optional
 from rich.table import Table
 from rich.text import Text
 
+from trainforge.planning.calibration_store import describe
+from trainforge.planning.result import Plan
+
 
 
 def _time(seconds: Optional[float]) -> str:
@@ -31,58 +34,56 @@ def _usd(value: Optional[float]) -> str:
     return f"${value:,.2f}" if value >= 0.01 else f"${value:.4f}"
 
 
-def render_plan(result: dict[str, Any]) -> Iterator[Any]:
-    sim = result["simulation"]
-    head = Table(title=f"{result['recipe']}: simulated step (micro-batch {sim['micro_batch_size']}, {sim['precision']}, one device)",
+def render_plan(result: Plan) -> Iterator[Any]:
+    sim = result.simulation
+    head = Table(title=f"{result.recipe}: simulated step (micro-batch {sim.micro_batch_size}, {sim.precision}, one device)",
                  show_header=False)
-    head.add_row("parameters", f"{sim['param_count']:,}")
-    head.add_row("peak memory (no corrections)", _bytes(sim["peak_bytes"]))
-    for k, v in sim["breakdown"].items():
+    head.add_row("parameters", f"{sim.param_count:,}")
+    head.add_row("peak memory (no corrections)", _bytes(sim.peak_bytes))
+    for k, v in sim.breakdown.items():
         head.add_row(f"  {k}", _bytes(v))
-    head.add_row("model FLOPs / step", f"{sim['model_flops_per_step']:.3e}")
-    head.add_row("hardware FLOPs / step", f"{sim['hardware_flops_per_step']:.3e}")
-    head.add_row("samples / tokens per step", f"{sim['samples_per_step']:,} / {sim['tokens_per_step']:,}")
-    head.add_row("optimizer steps", f"{result['steps']:,}")
+    head.add_row("model FLOPs / step", f"{sim.model_flops_per_step:.3e}")
+    head.add_row("hardware FLOPs / step", f"{sim.hardware_flops_per_step:.3e}")
+    head.add_row("samples / tokens per step", f"{sim.samples_per_step:,} / {sim.tokens_per_step:,}")
+    head.add_row("optimizer steps", f"{result.steps:,}")
     yield head
 
     table = Table(title="candidates (cheapest first; peak includes correction terms; step time at the "
                   "mid efficiency, range in brackets)")
     for col in ("gpu", "n", "fits", "strategy", "micro x acc", "peak/GPU", "step", "total", "cost", "kWh", "bound"):
         table.add_column(col, justify="left" if col in ("gpu", "strategy", "bound") else "right")
-    for r in result["candidates"]:
-        if not r["fits"]:
-            table.add_row(r["gpu"], str(r["num_gpus"]), Text("no", style="red"), Text(r.get("reason", ""), style="dim"))
+    for c in result.candidates:
+        if not c.fits:
+            table.add_row(c.gpu, str(c.num_gpus), Text("no", style="red"), Text(c.reason or "", style="dim"))
             continue
-        strategy = r["strategy"] + ("+ckpt" if r["activation_checkpointing"] else "")
+        strategy = c.strategy + ("+ckpt" if c.activation_checkpointing else "")
         flags = []
-        if r.get("within_budget") is False:
+        if c.within_budget is False:
             flags.append("over budget")
-        if r.get("within_deadline") is False:
+        if c.within_deadline is False:
             flags.append("late")
+        fast_s, slow_s = c.step_time_range_s
         table.add_row(
-            r["gpu"], str(r["num_gpus"]), Text("yes", style="green"), strategy,
-            f"{r['micro_batch_size']} x {r['accumulation']}", _bytes(r["peak_bytes_per_gpu"]),
-            f"{_time(r['step_time_s'])} ({_time(r['step_time_range_s'][0])}-{_time(r['step_time_range_s'][1])})",
-            _time(r["total_time_s"]), _usd(r["cost_usd"]),
-            f"{r['energy_kwh']:.2f}", r["bound"] + (f" ({', '.join(flags)})" if flags else ""),
+            c.gpu, str(c.num_gpus), Text("yes", style="green"), strategy,
+            f"{c.micro_batch_size} x {c.accumulation}", _bytes(c.peak_bytes_per_gpu),
+            f"{_time(c.step_time_s)} ({_time(fast_s)}-{_time(slow_s)})",
+            _time(c.total_time_s), _usd(c.cost_usd),
+            f"{c.energy_kwh:.2f}", c.bound + (f" ({', '.join(flags)})" if flags else ""),
         )
     yield table
 
-    rec = result["recommendation"]
+    rec = result.recommendation
     summary = Table(title="recommendation", show_header=False)
-    for label in ("recommended", "fastest", "cheapest"):
-        r = rec.get(label)
-        summary.add_row(label, "-" if r is None else
-                        f"{r['num_gpus']} x {r['gpu']} {r['strategy']}, micro-batch {r['micro_batch_size']} x "
-                        f"{r['accumulation']}: {_time(r['total_time_s'])}, {_usd(r['cost_usd'])}")
-    if rec.get("reason"):
-        summary.add_row("note", rec["reason"])
+    for label, c in (("recommended", rec.recommended), ("fastest", rec.fastest), ("cheapest", rec.cheapest)):
+        summary.add_row(label, "-" if c is None else
+                        f"{c.num_gpus} x {c.gpu} {c.strategy}, micro-batch {c.micro_batch_size} x "
+                        f"{c.accumulation}: {_time(c.total_time_s)}, {_usd(c.cost_usd)}")
+    if rec.reason:
+        summary.add_row("note", rec.reason)
     yield summary
 
 
 def render_calibration(entry: dict[str, Any]) -> Table:
-    from trainforge.planning.calibrate import describe
-
     table = Table(title=f"calibration on {entry['device']} ({entry['recipe']}, micro-batch {entry['micro_batch_size']}, {entry['precision']})")
     for col in ("quantity", "predicted", "measured", "measured / predicted"):
         table.add_column(col, justify="left" if col == "quantity" else "right")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import warnings
 from html import escape
 from pathlib import Path
@@ -20,8 +19,9 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from trainforge.errors import UserError
+from trainforge.files import write_text_atomic
 from trainforge.report.plots import confusion_matrix_png, training_charts
-from trainforge.training.metrics import read_metrics
+from trainforge.metrics_file import read_metrics
 
 REPORT_NAME = "report.html"
 _MAX_VALUE_CHARS = 300  # long lists in data_report.json (e.g. per-channel stats) are cut here
@@ -71,9 +71,7 @@ def write_report(run_dir: Path, extra_sections: Sequence[tuple[str, str]] = ()) 
 
     html_text = page(run_dir.name, sections)
     path = run_dir / REPORT_NAME
-    tmp = run_dir / f".{REPORT_NAME}.tmp"
-    tmp.write_text(html_text, encoding="utf-8")
-    os.replace(tmp, path)  # a reader never sees half a report
+    write_text_atomic(path, html_text)  # a reader never sees half a report
     return path
 
 

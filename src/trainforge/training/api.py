@@ -19,6 +19,10 @@ from trainforge.training.rundir import (
     new_run_dir,
     resolve_checkpoint_arg,
 )
+from trainforge.data import SOURCES
+from trainforge.models import MODELS
+from trainforge.training.optim import OPTIMIZERS
+from trainforge.training.schedule import SCHEDULES
 
 ConfigLike = Union[Config, str, Path, None]
 
@@ -152,11 +156,6 @@ __all__ = ["train", "TrainResult", "FitHooks"]
 
 def check_names(cfg: Config) -> None:
     """Registry names are checked before any work starts (each lookup error lists the valid names)."""
-    from trainforge.data import SOURCES
-    from trainforge.models import MODELS
-    from trainforge.training.optim import OPTIMIZERS
-    from trainforge.training.schedule import SCHEDULES
-
     SOURCES.get(cfg.data.source)
     MODELS.get(cfg.model.name)
     OPTIMIZERS.get(cfg.optim.name)

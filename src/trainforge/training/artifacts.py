@@ -36,6 +36,8 @@ from trainforge.training.checkpoint import (
     load_state,
     load_weights,
 )
+from trainforge.models import build_model
+from trainforge.models.resize import resize_to_weights
 
 FORMAT = "trainforge-model/1"
 META_FILE = "model.json"
@@ -52,12 +54,8 @@ class Trained:
     source: Path
 
     def build_model(self) -> nn.Module:
-        from trainforge.models import build_model
-
         model, _ = build_model(self.config.model, self.info)
         if self.config.model.pruned:
-            from trainforge.models.resize import resize_to_weights
-
             resize_to_weights(model, self.weights)
         load_model_weights(model, self.weights)
         return model
@@ -143,7 +141,6 @@ def load_trained(path: Path, verify: bool = True) -> Trained:
         config, info = config_from_yaml_text(state["config_yaml"]), info_from_dict(json.loads(state["data_info_json"]))
         preprocess, step = json.loads(state["preprocess_json"]), int(state["step"])
     if weights is None:  # an FSDP checkpoint: gather its shards into whole tensors in this one process
-        from trainforge.models import build_model
 
         model, _ = build_model(config.model, info)
         weights = {"model": model.state_dict()}

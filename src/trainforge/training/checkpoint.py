@@ -25,14 +25,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from trainforge.errors import UserError
-from trainforge.integrity import (  # noqa: F401  (write_text_atomic: other modules import it from here)
-    MANIFEST_FILE,
-    check_files,
-    fsync_dir,
-    read_digests,
-    write_manifest,
-    write_text_atomic,
-)
+from trainforge.files import fsync_dir, write_text_atomic
+from trainforge.integrity import MANIFEST_FILE, check_files, read_digests, write_manifest
 
 LATEST = "latest"
 MODEL_FILE = "model.safetensors"

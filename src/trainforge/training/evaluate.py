@@ -12,12 +12,15 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from trainforge.data import build_data
 from trainforge.data.base import DataInfo
+from trainforge.data.loader import make_eval_loader
 from trainforge.errors import UserError
+from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import load_trained
 from trainforge.training.losses import task_loss
 from trainforge.training.metrics import classification_metrics, lm_metrics
-from trainforge.training.precision import autocast
+from trainforge.training.precision import autocast, resolve_precision
 
 SPLITS = ("train", "val", "test")
 REPORTED = {"classification": ("loss", "accuracy", "macro_f1"), "lm": ("loss", "perplexity")}  # per task
@@ -77,11 +80,6 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
 
     `verify=False` (--no-verify) skips the SHA-256 check of the files against their manifest.
     """
-    from trainforge.data import build_data
-    from trainforge.data.loader import make_eval_loader
-    from trainforge.hardware.device import resolve_device
-    from trainforge.training.precision import resolve_precision
-
     if split not in SPLITS:
         raise UserError(f"--split: expected one of {', '.join(SPLITS)}, got {split!r}")
     trained = load_trained(path, verify=verify)

@@ -55,12 +55,8 @@ from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, r
 from trainforge.models import build_model, is_convolutional
 from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
-from trainforge.training.checkpoint import (
-    load_model_weights,
-    save_checkpoint,
-    save_sharded_checkpoint,
-    write_text_atomic,
-)
+from trainforge.files import write_text_atomic
+from trainforge.training.checkpoint import load_model_weights, save_checkpoint, save_sharded_checkpoint
 from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
 from trainforge.training.evaluate import check_metric, evaluate_model
@@ -139,7 +135,7 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         elif resume_from is not None:
             micro = global_batch  # replaced by the checkpoint's micro-batch below
         else:  # the planner picks the largest that fits; OOM recovery below stays the safety net
-            from trainforge.planning.auto import auto_micro_batch
+            from trainforge.planning.auto import auto_micro_batch  # heavy (the fake-tensor simulator): only for auto
 
             choice = auto_micro_batch(cfg, info, device, precision, steps=total_steps, world_size=env.world_size)
             micro = choice.micro_batch_size
@@ -256,6 +252,8 @@ def fit(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             elif env.is_main:  # replicas are identical: rank 0 writes whole tensors
                 save_checkpoint(root, done, model_sd, {**state, "optimizer": optim_sd}, keep=tc.keep_checkpoints)
             barrier(env)  # nobody moves on (or exits) before the checkpoint is complete
+            if env.is_main:  # the checkpoint holds the micro-batch an OOM restart asked for: the request is done
+                (run_dir / OOM_RESTART_FILE).unlink(missing_ok=True)
 
         # one voice: rank 0 logs and shows progress
         metrics = (MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
@@ -512,10 +510,14 @@ def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int) -> None
 
 
 def read_oom_restart(run_dir: Path) -> Optional[int]:
+    """The micro-batch an FSDP group must restart with. The request is consumed by the next checkpoint, which
+    records that micro-batch itself (`checkpoint` deletes the file), so later resumes are not held to it."""
+    path = run_dir / OOM_RESTART_FILE
     try:
-        return int(json.loads((run_dir / OOM_RESTART_FILE).read_text())["micro_batch_size"])
-    except (OSError, ValueError, KeyError):
+        micro = int(json.loads(path.read_text())["micro_batch_size"])
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+    return micro
 
 
 def peak_bytes(device: torch.device) -> int:

@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from trainforge.config import load_config, parse_override
 from trainforge.errors import JobFailed, UserError
-from trainforge.training.checkpoint import write_text_atomic
+from trainforge.files import write_text_atomic
 from trainforge.tuning.report import write_study_report
 from trainforge.tuning.results import (
     BEST_CONFIG,

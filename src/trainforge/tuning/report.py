@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import warnings
 from html import escape
 from pathlib import Path
@@ -20,6 +19,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 # the run report's page helpers: one look for every trainforge report
+from trainforge.files import write_text_atomic
 from trainforge.report.html import figure, key_value_table, note, page
 from trainforge.tuning.results import format_value
 
@@ -147,7 +147,5 @@ def write_study_report(path: Path, study: Any, rows: Sequence[dict[str, Any]], k
                      f"<pre>{escape(best_config)}</pre>" if best_config else note("No trial completed yet.")))
 
     html_text = page(f"study {summary['study']}", sections)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(html_text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, html_text)
     return path

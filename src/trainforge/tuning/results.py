@@ -15,7 +15,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from trainforge.config import config_from_dict
-from trainforge.training.checkpoint import write_text_atomic
+from trainforge.files import write_text_atomic
 from trainforge.tuning.space import apply_params
 
 BEST_CONFIG = "best_config.yaml"

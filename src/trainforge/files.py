@@ -1,0 +1,51 @@
+"""Writing files so that a crash at any instant leaves the old content or the new, never a torn file.
+
+    write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+    write_json_atomic(run_dir / "eval.json", result, indent=1)
+    write_text_atomic(state_dir / "recipe.yaml", text, mode=0o600)   # private from the first byte
+
+The text goes to a temporary file beside the target (unique per process and thread), is flushed and
+fsynced, renamed over the target, and the directory is fsynced so the rename itself survives a power
+loss. Standard library only: `trainforge predict` runs where torch is absent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+
+def fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o666) -> None:
+    """Replace `path` with `text`; `mode` as for os.open (the umask applies)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_json_atomic(path: Path, doc: Any, mode: int = 0o666, **dumps: Any) -> None:
+    """`doc` as JSON (json.dumps keyword arguments in `dumps`, e.g. indent=1), atomically."""
+    write_text_atomic(path, json.dumps(doc, **dumps), mode=mode)

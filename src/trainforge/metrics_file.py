@@ -1,0 +1,64 @@
+"""The metrics.jsonl format, read and made strict-JSON safe: standard library only, below `training`.
+
+    rows = read_metrics(run_dir / "metrics.jsonl")      # the report, calibration, tests
+    json.dumps(json_safe(doc), allow_nan=False)        # every JSON file a run writes; `--json` output
+
+`training.metrics.MetricsLog` writes the file; the report (`report.html`), the console and the planner's
+calibration read it from here without importing the training package.
+"""
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import Any
+
+from trainforge.errors import UserError
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy that `json.dumps(..., allow_nan=False)` accepts: NaN/inf -> None, numpy/torch scalars -> Python.
+
+    Use it for every JSON file a run writes (metrics.jsonl, eval.json): strict JSON has no NaN.
+    """
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, (bool, str)) or obj is None:
+        return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "tolist"):  # numpy scalars/arrays, 0-d or small torch tensors
+        return json_safe(obj.tolist())
+    return obj
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """All rows of a metrics.jsonl, in file order.
+
+    A truncated last line (crash mid-write) is ignored silently; a malformed line elsewhere is skipped
+    with a warning, so a damaged log still yields its good rows.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        raise UserError(f"{path}: metrics file not found; point at a run directory's metrics.jsonl") from None
+    lines = text.split("\n")
+    rows: list[dict] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
+        elif number < len(lines):  # a line with a newline after it was written in full: real damage
+            warnings.warn(f"{path}:{number}: not a JSON object; line skipped", stacklevel=2)
+    return rows
