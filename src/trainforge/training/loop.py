@@ -16,8 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
-import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +49,7 @@ from trainforge.distributed.data_parallel import (
 from trainforge.distributed.env import distributed, resolve_strategy
 from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
 from trainforge.errors import JobFailed, UserError
-from trainforge.hardware.device import empty_cache, is_oom, peak_memory_bytes, reset_peak_memory
+from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
 from trainforge.models import build_model, is_convolutional
 from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
@@ -61,12 +59,20 @@ from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
 from trainforge.training.evaluate import check_metric, evaluate_model
 from trainforge.training.losses import task_loss
-from trainforge.training.metrics import MetricsLog, NullLog, read_metrics
-from trainforge.training.microbatch import accumulation_steps, batch_geometry, fitting_micro_batch, shrink_micro_batch
+from trainforge.training.metrics import MetricsLog, NullLog, Window, truncate_metrics
+from trainforge.training.microbatch import (
+    OOM_RESTART_FILE,
+    accumulation_steps,
+    batch_geometry,
+    fitting_micro_batch,
+    read_oom_restart,
+    request_oom_restart,
+    shrink_micro_batch,
+)
 from trainforge.training.optim import build_optimizer, set_lr
 from trainforge.training.precision import DTYPES, autocast, make_scaler, resolve_precision
 from trainforge.training.progress import TrainProgress, announce_data
-from trainforge.training.rng import get_rng_state, seed_everything, set_rng_state
+from trainforge.training.rng import determinism, get_rng_state, seed_everything, set_rng_state
 from trainforge.training.schedule import lr_at
 from trainforge.training.state import current_state, full_model_state, restore
 from trainforge.training.signals import stop_on_signals
@@ -466,98 +472,3 @@ def grad_norm_and_clip(model: nn.Module, max_norm: Optional[float], measure: boo
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)  # FSDP: a DTensor
-
-
-class Window:
-    """Train statistics between two log rows: mean loss, throughput, share of time waiting for data."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.steps, self.loss_sum, self.wait_s = 0, 0.0, 0.0
-
-    def add(self, loss: float, wait_s: float) -> None:
-        self.steps += 1
-        self.loss_sum += loss
-        self.wait_s += wait_s
-
-    def row(self, device: torch.device, global_batch: int) -> dict[str, Any]:
-        from trainforge.hardware.device import synchronize
-
-        synchronize(device)
-        elapsed = max(time.perf_counter() - self.start, 1e-9)
-        steps = max(self.steps, 1)  # a window of only skipped steps still reports its timing
-        return {
-            "loss": self.loss_sum / self.steps if self.steps else math.nan,
-            "samples_per_s": self.steps * global_batch / elapsed,
-            "step_time_s": elapsed / steps,
-            "data_wait_frac": min(self.wait_s / elapsed, 1.0),
-            "peak_mem_bytes": peak_bytes(device),
-        }
-
-
-OOM_RESTART_FILE = "oom_restart.json"
-
-
-def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int) -> None:
-    """Under FSDP an out-of-memory error can strike while other ranks wait in a collective, so the ranks
-    cannot agree in place: record the smaller micro-batch and fail; torchrun restarts the whole group
-    (`--max-restarts`), which resumes from the last checkpoint with that micro-batch."""
-    write_text_atomic(run_dir / OOM_RESTART_FILE, json.dumps({"micro_batch_size": micro_batch_size, "step": step}))
-    raise JobFailed(
-        f"out of memory at step {step} under FSDP: the worker group must restart with micro-batch "
-        f"{micro_batch_size} (torchrun does so with --max-restarts >= 1)"
-    )
-
-
-def read_oom_restart(run_dir: Path) -> Optional[int]:
-    """The micro-batch an FSDP group must restart with. The request is consumed by the next checkpoint, which
-    records that micro-batch itself (`checkpoint` deletes the file), so later resumes are not held to it."""
-    path = run_dir / OOM_RESTART_FILE
-    try:
-        micro = int(json.loads(path.read_text())["micro_batch_size"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return micro
-
-
-def peak_bytes(device: torch.device) -> int:
-    """Accelerator: peak allocated by tensors; CPU: the process's peak resident set size."""
-    peak = peak_memory_bytes(device)
-    if peak is not None:
-        return peak
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def truncate_metrics(path: Path, after_step: int) -> None:
-    """On resume, drop rows logged after the checkpoint (they will be logged again)."""
-    if not path.exists():
-        return
-    rows = read_metrics(path)
-    kept = [r for r in rows if r.get("step", 0) <= after_step]
-    if len(kept) != len(rows) or after_step == 0:
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
-
-
-@contextlib.contextmanager
-def determinism(enabled: bool, num_threads: Optional[int], device: torch.device) -> Iterator[None]:
-    """Deterministic kernels and a fixed thread count for the duration of a run, restored after."""
-    prev = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.get_num_threads(),
-        torch.backends.cudnn.benchmark,
-    )
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    if enabled:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        torch.backends.cudnn.benchmark = False
-    elif device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
-        torch.set_num_threads(prev[2])
-        torch.backends.cudnn.benchmark = prev[3]

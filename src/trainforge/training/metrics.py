@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import json
 import math
+import resource
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import torch
 
 from trainforge.errors import UserError
+from trainforge.files import write_text_atomic
+from trainforge.hardware.device import peak_memory_bytes, synchronize
 # json_safe and read_metrics live below training (report and console read the file too); re-exported
 from trainforge.metrics_file import json_safe, read_metrics  # noqa: F401
 
@@ -166,3 +171,46 @@ class NullLog:
 
     def close(self) -> None:
         pass
+
+
+class Window:
+    """Train statistics between two log rows: mean loss, throughput, share of time waiting for data."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.steps, self.loss_sum, self.wait_s = 0, 0.0, 0.0
+
+    def add(self, loss: float, wait_s: float) -> None:
+        self.steps += 1
+        self.loss_sum += loss
+        self.wait_s += wait_s
+
+    def row(self, device: torch.device, global_batch: int) -> dict[str, Any]:
+        synchronize(device)
+        elapsed = max(time.perf_counter() - self.start, 1e-9)
+        steps = max(self.steps, 1)  # a window of only skipped steps still reports its timing
+        return {
+            "loss": self.loss_sum / self.steps if self.steps else math.nan,
+            "samples_per_s": self.steps * global_batch / elapsed,
+            "step_time_s": elapsed / steps,
+            "data_wait_frac": min(self.wait_s / elapsed, 1.0),
+            "peak_mem_bytes": peak_bytes(device),
+        }
+
+
+def peak_bytes(device: torch.device) -> int:
+    """Accelerator: peak allocated by tensors; CPU: the process's peak resident set size."""
+    peak = peak_memory_bytes(device)
+    if peak is not None:
+        return peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def truncate_metrics(path: Path, after_step: int) -> None:
+    """On resume, drop rows logged after the checkpoint (they will be logged again)."""
+    if not path.exists():
+        return
+    rows = read_metrics(path)
+    kept = [r for r in rows if r.get("step", 0) <= after_step]
+    if len(kept) != len(rows) or after_step == 0:
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))

@@ -9,10 +9,13 @@ rank's share of the global batch, so the default recipe runs unchanged on 1, 2, 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from trainforge.errors import JobFailed, UserError
+from trainforge.files import write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -86,3 +89,28 @@ def shrink_micro_batch(micro_batch_size: int, accumulation: int) -> tuple[int, i
 def fitting_micro_batch(micro_batch_size: int, global_batch_size: int, world_size: int) -> int:
     """The largest micro-batch <= `micro_batch_size` that divides this world size's share of the global batch."""
     return batch_geometry(global_batch_size, micro_batch_size, world_size).micro_batch_size
+
+
+OOM_RESTART_FILE = "oom_restart.json"
+
+
+def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int) -> None:
+    """Under FSDP an out-of-memory error can strike while other ranks wait in a collective, so the ranks
+    cannot agree in place: record the smaller micro-batch and fail; torchrun restarts the whole group
+    (`--max-restarts`), which resumes from the last checkpoint with that micro-batch."""
+    write_text_atomic(run_dir / OOM_RESTART_FILE, json.dumps({"micro_batch_size": micro_batch_size, "step": step}))
+    raise JobFailed(
+        f"out of memory at step {step} under FSDP: the worker group must restart with micro-batch "
+        f"{micro_batch_size} (torchrun does so with --max-restarts >= 1)"
+    )
+
+
+def read_oom_restart(run_dir: Path) -> Optional[int]:
+    """The micro-batch an FSDP group must restart with. The request is consumed by the next checkpoint, which
+    records that micro-batch itself (`checkpoint` deletes the file), so later resumes are not held to it."""
+    path = run_dir / OOM_RESTART_FILE
+    try:
+        micro = int(json.loads(path.read_text())["micro_batch_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return micro

@@ -1,8 +1,10 @@
 """Capture and restore every RNG the training step uses, in a form torch.load(weights_only=True) accepts."""
 from __future__ import annotations
 
+import contextlib
+import os
 import random
-from typing import Any
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -35,3 +37,28 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def determinism(enabled: bool, num_threads: Optional[int], device: torch.device) -> Iterator[None]:
+    """Deterministic kernels and a fixed thread count for the duration of a run, restored after."""
+    prev = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_num_threads(),
+        torch.backends.cudnn.benchmark,
+    )
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    if enabled:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+    elif device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+        torch.set_num_threads(prev[2])
+        torch.backends.cudnn.benchmark = prev[3]
