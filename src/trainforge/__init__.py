@@ -25,14 +25,14 @@ if TYPE_CHECKING:
 
 def train(config: Any = None, **kwargs: Any) -> "TrainResult":
     """See `trainforge.training.api.train`. Imported lazily so `import trainforge` stays cheap."""
-    from trainforge.training.api import train as _train
+    from trainforge.training.api import train as _train  # heavy (torch): `import trainforge` stays light
 
     return _train(config, **kwargs)
 
 
 def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:
     """Metrics of a run dir, final/ or checkpoints/step-* on a split. See `trainforge.training.evaluate`."""
-    from trainforge.training.evaluate import evaluate_checkpoint
+    from trainforge.training.evaluate import evaluate_checkpoint  # heavy (torch): `import trainforge` stays light
 
     return evaluate_checkpoint(checkpoint, split=split, device=device)
 
@@ -40,7 +40,7 @@ def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:
 def plan(config: Any = None, **kwargs: Any) -> dict:
     """Memory, time and cost on candidate GPUs: the `plan --json` document (`Plan.to_json()`); for the typed
     `Plan` call `trainforge.planning.plan.plan` (config: Config or recipe)."""
-    from trainforge.planning.plan import plan as _plan
+    from trainforge.planning.plan import plan as _plan  # heavy (torch): `import trainforge` stays light
 
     cfg = config if isinstance(config, Config) else load_config(config)
     return _plan(cfg, **kwargs).to_json()
@@ -48,7 +48,7 @@ def plan(config: Any = None, **kwargs: Any) -> dict:
 
 def tune(recipe: Any, space: Any, **kwargs: Any) -> dict:
     """Hyperparameter search over a space file; see `trainforge.tuning.api.tune` (trials=N is required)."""
-    from trainforge.tuning.api import tune as _tune
+    from trainforge.tuning.api import tune as _tune  # heavy (optuna, torch on use): `import trainforge` stays light
 
     return _tune(recipe, space, **kwargs)
 
@@ -56,6 +56,6 @@ def tune(recipe: Any, space: Any, **kwargs: Any) -> dict:
 def compress(checkpoint: Any, out: Any = None, **options: Any) -> dict:
     """Prune, fine-tune, quantize and export a checkpoint; options are `CompressOptions` fields
     (prune, finetune_epochs, distill, quantize, int8_method, threads, ...). See `trainforge.compression`."""
-    from trainforge.compression.pipeline import CompressOptions, compress as _compress
+    from trainforge.compression.pipeline import CompressOptions, compress as _compress  # heavy (torch, onnx): `import trainforge` stays light
 
     return _compress(checkpoint, out, CompressOptions(**options))

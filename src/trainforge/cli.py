@@ -21,8 +21,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from trainforge.compression.commands import register as register_compress
+from trainforge.config import builtin_recipes, load_config
 from trainforge.console import err, out, print_json
+from trainforge.distributed.launch import launch as launch_run, report_user_error
+from trainforge.distributed.manifests import launch_text
 from trainforge.errors import JobFailed, UserError
+from trainforge.files import write_text_atomic
+from trainforge.hardware.catalog import catalog_rows, load_catalog
+from trainforge.jobs.commands import register as register_jobs
+from trainforge.planning.render import render_calibration, render_plan
+from trainforge.tuning.commands import register as register_tune
 
 app = typer.Typer(
     add_completion=False,
@@ -58,15 +67,13 @@ def train(
 
     Batch: train.global_batch_size samples per step; train.micro_batch_size is an upper bound per process.
     """
-    from trainforge.training.api import train as run_train
+    from trainforge.training.api import train as run_train  # heavy (torch): the CLI starts fast without it
 
     recipe, overrides = _split_recipe(recipe, overrides)
     if resume is not None and resume != "auto" and not Path(resume).exists():
         raise UserError(f"--resume: {resume} does not exist; pass 'auto' or a run/checkpoint directory")
     if nproc_per_node is not None or nnodes != "1" or rdzv_endpoint:
-        from trainforge.distributed.launch import launch
-
-        rd = launch(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
+        rd = launch_run(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
                     nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
         done = (rd / "eval.json").exists()
         doc = {"run_dir": str(rd), "status": "completed" if done else "interrupted",
@@ -79,14 +86,12 @@ def train(
     try:
         result = run_train(recipe, overrides=overrides, run_dir=run_dir, resume=resume)
     except UserError as e:
-        from trainforge.distributed.launch import report_user_error
-
         if report_user_error(e):  # a launched worker: its launcher restarts nothing and says it once for all ranks
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(2)  # no interpreter teardown, as below
         raise
-    from trainforge.distributed.env import detect
+    from trainforge.distributed.env import detect  # heavy (torch): the CLI starts fast without it
 
     if detect()[2] > 1:  # a worker of a launched group: the launcher reports
         # The run is saved and the process group destroyed; skip interpreter teardown, where gloo's worker
@@ -134,7 +139,7 @@ def eval_cmd(
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Evaluate a checkpoint: accuracy, macro-F1, per-class report and confusion matrix (or perplexity)."""
-    from trainforge.training.evaluate import evaluate_checkpoint
+    from trainforge.training.evaluate import evaluate_checkpoint  # heavy (torch): the CLI starts fast without it
 
     result = evaluate_checkpoint(checkpoint, split=split, device=device, verify=not no_verify)
     if as_json:
@@ -191,8 +196,6 @@ def launch(
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write the job file here instead of stdout."),
 ) -> None:
     """Write a job file for an existing cluster engine: an sbatch script, a Kubeflow PyTorchJob, a SkyPilot task."""
-    from trainforge.distributed.manifests import launch_text
-
     recipe, overrides = _split_recipe(recipe, overrides)
     env_vars = {}
     for item in env or []:
@@ -209,7 +212,6 @@ def launch(
     if out_file is None:
         sys.stdout.write(text)
         return
-    from trainforge.files import write_text_atomic
 
     if out_file.exists():
         raise UserError(f"--out: {out_file} exists; choose another file or remove it first")
@@ -223,8 +225,6 @@ def launch(
 @app.command()
 def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document.")) -> None:
     """List the built-in recipes and the command that runs each (from any directory)."""
-    from trainforge.config import builtin_recipes
-
     rows = []
     for name, path in builtin_recipes().items():
         # The bare name, not the file's first-line comment (`trainforge train recipes/x.yaml`): that path
@@ -263,15 +263,11 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
 ) -> None:
     """Predict memory, time and cost on candidate GPUs from a simulated step, and recommend a setup."""
-    from trainforge.config import load_config
-    from trainforge.hardware.catalog import load_catalog
-    from trainforge.planning.render import render_calibration, render_plan
-
     recipe, overrides = _split_recipe(recipe, overrides)
     cfg = load_config(recipe, overrides)
     cat = load_catalog(catalog)
     if calibrate_:
-        from trainforge.planning.calibrate import calibrate
+        from trainforge.planning.calibrate import calibrate  # heavy (torch): the CLI starts fast without it
 
         entry = calibrate(cfg, catalog=cat)
         if as_json:
@@ -279,7 +275,7 @@ def plan(
         else:
             out.print(render_calibration(entry))
         return
-    from trainforge.planning.plan import plan as run_plan
+    from trainforge.planning.plan import plan as run_plan  # heavy (torch): the CLI starts fast without it
 
     result = run_plan(cfg, gpus=gpu or None, num_gpus=_parse_counts(num_gpus), budget_usd=budget_usd,
                       deadline_h=deadline_h, efficiency=efficiency, catalog=cat)
@@ -297,8 +293,6 @@ def gpus(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
 ) -> None:
     """List the GPU catalog: memory, bandwidth, dense peak FLOP/s, cores, power, interconnect, price, sources."""
-    from trainforge.hardware.catalog import catalog_rows, load_catalog
-
     rows = catalog_rows(load_catalog(catalog))
     if as_json:
         print_json(rows)
@@ -327,10 +321,6 @@ def gpus(
 
 def _register_stage_commands() -> None:
     """Each later stage keeps its commands in its own package (`<stage>/commands.py`, light imports only)."""
-    from trainforge.compression.commands import register as register_compress
-    from trainforge.jobs.commands import register as register_jobs
-    from trainforge.tuning.commands import register as register_tune
-
     for register in (register_tune, register_compress, register_jobs):
         register(app)
 

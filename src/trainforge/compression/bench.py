@@ -25,7 +25,7 @@ BENCH_BATCHES = (1, 32)  # the batch sizes every variant is timed at (table colu
 
 def ort_session(path: Path, threads: int) -> Any:
     """An onnxruntime CPU session with `threads` intra-op threads and sequential execution."""
-    import onnxruntime as ort
+    import onnxruntime as ort  # heavy (onnxruntime): loaded only when a variant is timed
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads

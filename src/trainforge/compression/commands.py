@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from rich.table import Table
+from rich.text import Text
+
+from trainforge.compression.compress_cmd import compress_command
 
 from trainforge.console import out, print_json
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the `trainforge` app."""
-    from trainforge.compression.compress_cmd import compress_command
-
     app.command("compress")(compress_command)
     app.command("predict")(_predict_command)
 
@@ -35,10 +37,7 @@ def _predict_command(
                                    "its folder's manifest.json (e.g. an artifact exported before manifests existed)."),
 ) -> None:
     """Classify inputs with an exported ONNX artifact (onnxruntime + numpy only; torch is not imported)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from trainforge.compression.predict import predict
+    from trainforge.compression.predict import predict  # numpy + onnxruntime: the CLI starts fast without them
 
     result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads, verify=not no_verify,
                      variant=variant)

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from trainforge.compression.render import recommendation_line, rich_table
 
 from trainforge.console import err, out, print_json
 
@@ -31,8 +32,7 @@ def compress_command(
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Shrink a trained model for deployment: prune + fine-tune, int8, ONNX export; a before/after table."""
-    from trainforge.compression.pipeline import CompressOptions, compress
-    from trainforge.compression.render import recommendation_line, rich_table
+    from trainforge.compression.pipeline import CompressOptions, compress  # heavy (torch): the CLI starts fast without it
 
     options = CompressOptions(
         prune=prune, finetune_epochs=finetune_epochs, distill=distill, temperature=temperature, alpha=alpha,

@@ -24,7 +24,7 @@ MAX_BATCH = 65536
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]) -> Path:
     """Export `model` (on the CPU, eval mode) taking `example`'s shape with any batch size; returns `path`."""
-    import onnx
+    import onnx  # heavy (onnx): loaded only when exporting
 
     model = model.to("cpu").eval()
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)

@@ -34,7 +34,7 @@ class PruneResult:
 
 def prune_model(model: nn.Module, example: torch.Tensor, ratio: float) -> PruneResult:
     """A pruned copy of `model` (the original is untouched) with `ratio` of each prunable width removed."""
-    import torch_pruning as tp
+    import torch_pruning as tp  # heavy (torch_pruning): loaded only when pruning
 
     if not 0.0 < ratio < 1.0:
         raise UserError(f"--prune: expected a fraction of channels between 0 and 1 (e.g. 0.5), got {ratio}")
@@ -68,7 +68,7 @@ def prunable_layers(model: nn.Module) -> list[nn.Module]:
 
 def count(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
     """(forward FLOPs per sample, parameters) of `model` on a one-sample `example`."""
-    import torch_pruning as tp
+    import torch_pruning as tp  # heavy (torch_pruning): loaded only when pruning
 
     with torch.no_grad():
         macs, params = tp.utils.count_ops_and_params(model, example[:1])

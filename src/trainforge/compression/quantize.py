@@ -66,8 +66,8 @@ def quantize_onnx(src: Path, dst: Path, method: str, meta: dict[str, Any],
                   calibration: Optional[Iterable[np.ndarray]] = None, static: StaticInt8 = STATIC) -> Path:
     """Write the int8 version of the ONNX file `src` to `dst` by `method` ("dynamic" | "static")."""
     quantize = INT8_METHODS.get(method)
-    import onnx
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    import onnx  # heavy (onnx): loaded only when quantizing
+    from onnxruntime.quantization.shape_inference import quant_pre_process  # heavy (onnxruntime): loaded only when quantizing
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     prepared = dst.with_name(dst.stem + ".prep.onnx")
@@ -90,7 +90,7 @@ def quantize_onnx(src: Path, dst: Path, method: str, meta: dict[str, Any],
 
 @INT8_METHODS.register("dynamic")
 def _dynamic(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]], static: StaticInt8) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # heavy (onnxruntime): loaded only when quantizing
 
     quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm", "Gather"],
                      reduce_range=REDUCE_RANGE)
@@ -98,8 +98,8 @@ def _dynamic(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]], 
 
 @INT8_METHODS.register("static")
 def _static(src: Path, dst: Path, calibration: Optional[Iterable[np.ndarray]], static: StaticInt8) -> None:
-    import onnx
-    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    import onnx  # heavy (onnx): loaded only when quantizing
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static  # heavy (onnxruntime): loaded only when quantizing
 
     if calibration is None:
         raise UserError("--int8-method static needs calibration batches from the train split")
@@ -189,7 +189,7 @@ def weight_only_int8(proto: Any, min_elements: int = WEIGHT_ONLY_MIN_ELEMENTS) -
     Symmetric per-tensor scale max|w|/127, so the round trip error is at most scale/2 per element.
     Returns the names replaced.
     """
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import TensorProto, helper, numpy_helper  # heavy (onnx): loaded only when quantizing
 
     dequantized = {n.input[0] for n in proto.graph.node if n.op_type == "DequantizeLinear"}
     replaced: list[str] = []

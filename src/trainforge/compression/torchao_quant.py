@@ -27,7 +27,7 @@ CONFIGS = {"torchao-int8": "Int8WeightOnlyConfig", "torchao-float8": "Float8Weig
 def quantize_linear_weights(model: nn.Module, kind: str, device: torch.device) -> nn.Module:
     """A copy of `model` on `device` with each Linear's weight quantized by torchao."""
     try:
-        import torchao.quantization as tq
+        import torchao.quantization as tq  # optional (torchao, the [gpu] extra): only torchao variants need it
     except ImportError as exc:
         raise UserError(f"--quantize {kind}: torchao is not installed; pip install 'trainforge[gpu]'") from exc
     if kind == "torchao-float8" and device.type != "cuda":

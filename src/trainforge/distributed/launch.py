@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from trainforge.errors import JobFailed, UserError
+from trainforge.training.microbatch import batch_geometry, per_rank_batch
 
 if TYPE_CHECKING:
     from trainforge.config import Config
@@ -55,13 +56,13 @@ def check_run(cfg: Config, *, nproc_per_node: int, nnodes: str) -> None:
 
     The model is built on the meta device (no memory, no weights); a custom model (the user's own code, which
     may not run there) that fails on it is built again on the CPU before it is refused."""
+    # heavy (torch): cli.py imports this module at start
     import torch
 
     from trainforge.data import build_data
     from trainforge.distributed.env import DistEnv, resolve_strategy
     from trainforge.models import build_model
     from trainforge.training.evaluate import check_metric
-    from trainforge.training.microbatch import batch_geometry, per_rank_batch
 
     tc = cfg.train
     counts = node_counts(nnodes)
@@ -123,6 +124,7 @@ def launch(
 ) -> Path:
     """Run the workers to the end; returns the run directory. UserError (exit 2) for bad input, found here or
     by a worker; JobFailed when the group fails for good."""
+    # heavy (torch): cli.py imports this module at start
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
@@ -223,6 +225,7 @@ def _user_errors_are_final(error_file: Path) -> Iterator[None]:
     torch.distributed.run builds its agent as `launcher.api.LocalElasticAgent`: that name is pointed at
     a subclass for the duration of the launch. Should torch rename what is overridden, the rule is lost
     and the launcher still exits 2, after the restarts."""
+    # heavy (torch): cli.py imports this module at start
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.agent.server.api import WorkerState
 

@@ -107,7 +107,7 @@ def apply_fsdp(
     weights, gradients after reduce-scatter and optimizer state stay in the parameters' own dtype.
     Sharding per block means only one block's full parameters are gathered at a time.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # heavy (torch.distributed.fsdp): only FSDP runs load it
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for _, _, block in find_blocks(model):

@@ -23,6 +23,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trainforge.config import read_yaml
 from trainforge.errors import UnknownNameError, UserError
 
 ENV_VAR = "TRAINFORGE_CATALOG"
@@ -373,8 +374,6 @@ def _spec(e: _GpuEntry) -> GPUSpec:
 
 
 def _read_yaml(path: Path) -> Any:
-    from trainforge.config import read_yaml
-
     return read_yaml(path, expected="a GPU catalog file is a YAML mapping with optional 'gpus:' and 'prices:' lists",
                      allow_empty=True)
 

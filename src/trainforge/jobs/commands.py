@@ -14,7 +14,9 @@ Module-level imports stay light: the server, httpx and torch load inside the com
 """
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainforge.console import err, out, print_json
+from trainforge.data.roots import parse_roots
 from trainforge.errors import UserError
+from trainforge.jobs.scheduler import check_placement
+from trainforge.jobs.slots import parse_slots
 
 LIST_FIELDS = ("id", "name", "state", "gpus", "restarts", "run_dir")  # `jobs list --json`: a fixed contract
 FINAL = ("succeeded", "failed", "cancelled")
@@ -37,7 +42,7 @@ JsonOpt = typer.Option(False, "--json", help="Print exactly one JSON document.")
 
 
 def _client(server: Optional[str], token: Optional[str]):
-    from trainforge.jobs.client import Client, server_url
+    from trainforge.jobs.client import Client, server_url  # httpx: the CLI starts fast without it
 
     return Client(server_url(server), token)
 
@@ -81,15 +86,9 @@ def server(
 
     Ctrl-C stops the server; running jobs keep going and a restarted server adopts them.
     """
-    import logging
-    import socket
-
-    from trainforge.data.roots import parse_roots
-    from trainforge.jobs.scheduler import check_placement
-    from trainforge.jobs.server import is_loopback, serve
-    from trainforge.jobs.service import JobService, StateDirLock
-    from trainforge.jobs.slots import parse_slots
-    from trainforge.jobs.store import Store, sqlite_url
+    from trainforge.jobs.server import is_loopback, serve  # heavy (fastapi); tests patch serve on the module
+    from trainforge.jobs.service import JobService, StateDirLock  # heavy (sqlalchemy): the CLI starts fast without it
+    from trainforge.jobs.store import Store, sqlite_url  # heavy (sqlalchemy): the CLI starts fast without it
 
     os.umask(0o077)  # the database, logs, run dirs and checkpoints: readable by this user only
     secret = server_token(token_file, token)

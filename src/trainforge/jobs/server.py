@@ -348,7 +348,7 @@ def is_loopback(host: str) -> bool:
 
 def serve(service: JobService, *, host: str, port: int, token: Optional[str]) -> None:
     """Run the server until Ctrl-C. Jobs keep running afterwards; a restarted server adopts them."""
-    import uvicorn
+    import uvicorn  # heavy (uvicorn): only serve() needs it, not the app
 
     allowed = sorted({"127.0.0.1", "localhost", "[::1]", "::1", host}) if is_loopback(host) else None
     app = create_app(service, token=token, allowed_hosts=allowed)

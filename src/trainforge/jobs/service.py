@@ -47,7 +47,7 @@ from trainforge.data.roots import roots_env
 from trainforge.jobs.progress import progress
 from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check_placement, never_fits
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
-from trainforge.jobs.slots import Slot
+from trainforge.jobs.slots import Slot, gpu_stats
 from trainforge.jobs.store import FINAL_STATES, Job, Store
 
 if TYPE_CHECKING:
@@ -166,7 +166,7 @@ class JobService:
     def _warm_up(self) -> None:
         """Import admission (torch, the registries) and start the fork server, after the server is up: a
         restarted server must adopt its running jobs at once, not after seconds of imports."""
-        from trainforge.jobs import admission
+        from trainforge.jobs import admission  # heavy (torch): the server starts without it
 
         del admission
         self.checker.warm()
@@ -357,8 +357,6 @@ class JobService:
     # ------------------------------------------------------------ the slots as the dashboard shows them
 
     def slot_views(self) -> list[dict[str, Any]]:
-        from trainforge.jobs.slots import gpu_stats
-
         stats = gpu_stats() if any(s.kind == "gpu" for s in self.slots) else None
         running = self.store.running()
         views = []

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from trainforge.config import config_from_yaml_text
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
 from trainforge.errors import UserError
@@ -113,8 +114,7 @@ def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], roots: st
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
     import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
 
-    from trainforge.config import config_from_yaml_text
-    from trainforge.jobs.admission import size_submission
+    from trainforge.jobs.admission import size_submission  # heavy (torch): loaded in the child, as above
 
     try:
         torch.set_num_threads(1)  # one core per check: the server and the running jobs keep theirs

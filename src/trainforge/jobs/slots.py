@@ -65,7 +65,7 @@ def parse_slots(spec: str, slot_memory_gb: Optional[float] = None) -> list[Slot]
 
 def cpu_slots(count: int, declared_bytes: Optional[int]) -> list[Slot]:
     if declared_bytes is None:
-        from trainforge.planning.local import available_memory_bytes
+        from trainforge.planning.local import available_memory_bytes  # heavy (torch): the server starts without it
 
         declared_bytes = available_memory_bytes() // count
     return [Slot(f"cpu{i}", "cpu", "cpu", declared_bytes, declared_bytes) for i in range(count)]
@@ -79,7 +79,7 @@ def gpu_slot(index: int, name: str, total_bytes: int, declared_bytes: Optional[i
 def detect_gpus() -> dict[int, tuple[str, int]]:
     """CUDA index -> (name, total memory bytes): nvidia-ml-py when importable, else torch.cuda; {} without GPUs."""
     try:
-        import pynvml
+        import pynvml  # optional (nvidia-ml-py, the [gpu] extra)
     except ImportError:
         pynvml = None
     if pynvml is not None:
@@ -93,7 +93,7 @@ def detect_gpus() -> dict[int, tuple[str, int]]:
             return found
         except Exception:  # noqa: BLE001 - no driver: fall back to torch
             pass
-    import torch
+    import torch  # heavy: the server starts without it
 
     if not torch.cuda.is_available():
         return {}
@@ -105,7 +105,7 @@ def gpu_stats() -> Optional[dict[int, dict[str, int]]]:
     """Live {index: {utilization_pct, used_bytes, total_bytes}} from pynvml; None when it is not importable
     or there is no driver (the dashboard then shows the slots' declared and reserved memory only)."""
     try:
-        import pynvml
+        import pynvml  # optional (nvidia-ml-py, the [gpu] extra)
 
         pynvml.nvmlInit()
         stats = {}

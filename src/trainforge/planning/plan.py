@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
+import torch
 
 from trainforge.config import Config
 from trainforge.data import build_data
@@ -222,8 +223,6 @@ def gpu_precision(requested: str, spec: GPUSpec) -> str:
 
 
 def model_facts(cfg: Config, info: DataInfo) -> ModelFacts:
-    import torch
-
     with torch.device("meta"):
         model, _ = build_model(cfg.model, info)
     attention = any("attention" in type(m).__name__.lower() for m in model.modules())

@@ -204,7 +204,7 @@ def save_sharded_checkpoint(
     """All ranks: write `tensors` (model and optimizer shards) with torch.distributed.checkpoint into a
     temp directory; rank 0 then adds state.pt and the manifest, renames it into place and rewrites
     `latest`, exactly like `save_checkpoint`. `barrier` synchronizes the ranks."""
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # heavy (torch.distributed.checkpoint): only sharded runs load it
 
     final = root / step_dir_name(step)
     tmp = root / f".tmp-{step_dir_name(step)}-sharded"
@@ -225,8 +225,8 @@ def save_sharded_checkpoint(
 
 def load_sharded_into(path: Path, tensors: dict[str, Any]) -> None:
     """Fill `tensors` (sharded or whole, any world size) in place from a sharded checkpoint."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed as dist  # with dcp: only sharded runs need it
+    import torch.distributed.checkpoint as dcp  # heavy (torch.distributed.checkpoint): only sharded runs load it
 
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)

@@ -16,6 +16,7 @@ import optuna
 from optuna.trial import TrialState
 
 from trainforge.config import load_config, parse_override
+from trainforge.console import err
 from trainforge.errors import JobFailed, UserError
 from trainforge.files import write_text_atomic
 from trainforge.tuning.report import write_study_report
@@ -71,8 +72,6 @@ def tune(
     `log(line)` receives one line per finished trial (default: stderr).
     """
     if log is None:
-        from trainforge.console import err
-
         log = lambda line: err.print(line, highlight=False, soft_wrap=True)  # noqa: E731
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -97,9 +96,9 @@ def tune(
     storage_url = storage or default_storage_url(out)
 
     # ---- the data (task -> default metric) and the space, checked against the config
-    from trainforge.data import build_data
-    from trainforge.training.api import check_names
-    from trainforge.training.evaluate import check_metric
+    from trainforge.data import build_data  # heavy (torch): flags are checked before it loads
+    from trainforge.training.api import check_names  # heavy (torch): flags are checked before it loads
+    from trainforge.training.evaluate import check_metric  # heavy (torch): flags are checked before it loads
 
     check_names(cfg)
     base = cfg.model_dump(mode="json")

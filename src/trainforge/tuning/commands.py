@@ -10,6 +10,7 @@ from typing import List, Optional
 import typer
 
 from trainforge.console import out, print_json
+from trainforge.tuning.results import trials_table
 
 
 def register(app: typer.Typer) -> None:
@@ -39,8 +40,8 @@ def tune(
     Writes <out>/best_config.yaml (train it with `trainforge train <out>/best_config.yaml`), trials.csv,
     report.html, and each trial's run directory under <out>/trials/.
     """
-    from trainforge.tuning.api import no_trial_completed
-    from trainforge.tuning.api import tune as run_tune
+    from trainforge.tuning.api import no_trial_completed  # heavy (optuna): the CLI starts fast without it
+    from trainforge.tuning.api import tune as run_tune  # heavy (optuna): the CLI starts fast without it
 
     overrides = list(overrides or [])
     if "=" in recipe:  # as for train: `trainforge tune optim.lr=1e-3 --space ...` means the default recipe
@@ -50,8 +51,6 @@ def tune(
     if as_json:
         print_json({k: v for k, v in result.items() if k not in ("trials", "param_keys")})
     else:
-        from trainforge.tuning.results import trials_table
-
         best = result["best_trial"]
         out.print(trials_table(result["trials"], result["param_keys"], result["metric"], best["number"] if best else None))
         c = result["counts"]

@@ -89,7 +89,7 @@ def intermediate_png(trials: Sequence[Any], metric: str) -> Optional[bytes]:
 
 def importances(study: Any, keys: Sequence[str]) -> tuple[dict[str, float], Optional[str]]:
     """({param: importance}, None), or ({}, why not)."""
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # heavy (optuna): only importances() needs it
 
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if len(complete) < 2:
@@ -97,7 +97,7 @@ def importances(study: Any, keys: Sequence[str]) -> tuple[dict[str, float], Opti
     if len(keys) < 2:
         return {}, "Parameter importances need a search space of more than one parameter."
     try:
-        import optuna
+        import optuna  # heavy (optuna): only importances() needs it
 
         with warnings.catch_warnings():  # e.g. "importances will be equal" for a handful of trials: shown as is
             warnings.simplefilter("ignore")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import yaml
+from rich.table import Table
 
 from trainforge.config import config_from_dict
 from trainforge.files import write_text_atomic
@@ -85,8 +86,6 @@ def format_value(value: Any) -> str:
 
 def trials_table(rows: Sequence[dict[str, Any]], keys: Sequence[str], metric: str, best_number: Any = None) -> Any:
     """A rich table of the trials (the best one marked with *)."""
-    from rich.table import Table
-
     table = Table(title=f"trials ({metric}; * best)")
     for col in ("trial", "state", metric, *keys, "time s"):
         # fold, not "…": on a narrow terminal a parameter's value must still be readable in full

@@ -192,9 +192,9 @@ def check_space(path: Path, space: dict[str, Param], base: dict[str, Any], info:
 
 
 def _build_on_meta(cfg: Config, info: Any) -> None:
-    import torch
+    import torch  # heavy (torch): only the meta-device check needs it
 
-    from trainforge.models import build_model
+    from trainforge.models import build_model  # heavy (torch): only the meta-device check needs it
 
     try:
         with torch.device("meta"):

@@ -38,7 +38,7 @@ PRUNERS: Registry[Callable[[], Any]] = Registry("pruner", "--pruner")
 
 @PRUNERS.register("median")
 def _median() -> Any:
-    import optuna
+    import optuna  # heavy (optuna): loaded on first use
 
     # the first 3 trials run to the end to set the bar; no trial is judged on its first evaluation alone
     # (steps are evaluation counts: 1, 2, 3, ...)
@@ -47,7 +47,7 @@ def _median() -> Any:
 
 @PRUNERS.register("hyperband")
 def _hyperband() -> Any:
-    import optuna
+    import optuna  # heavy (optuna): loaded on first use
 
     # resources are evaluation counts; the most a trial gets is learned from the first finished trial
     return optuna.pruners.HyperbandPruner(min_resource=1, max_resource="auto", reduction_factor=3)
@@ -55,20 +55,20 @@ def _hyperband() -> Any:
 
 @PRUNERS.register("none")
 def _no_pruning() -> Any:
-    import optuna
+    import optuna  # heavy (optuna): loaded on first use
 
     return optuna.pruners.NopPruner()
 
 
 def make_sampler(seed: int) -> Any:
-    import optuna
+    import optuna  # heavy (optuna): loaded on first use
 
     return optuna.samplers.TPESampler(seed=seed)
 
 
 def sampler_seed(recipe_seed: int, existing_trials: int, worker_index: int) -> int:
     """Each worker its own seeded stream, and a continued study new ones (not a replay of its first trials)."""
-    import numpy as np
+    import numpy as np  # numpy: loaded on first use
 
     return int(np.random.SeedSequence([recipe_seed % 2**32, existing_trials, worker_index]).generate_state(1)[0])
 
@@ -82,7 +82,7 @@ def default_storage_url(out: Path) -> str:
 
 def safe_url(url: str) -> str:
     """The URL without its password, for messages and the JSON result."""
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url  # heavy (sqlalchemy): loaded on first use
 
     try:
         return make_url(url).render_as_string(hide_password=True)
@@ -91,7 +91,7 @@ def safe_url(url: str) -> str:
 
 
 def check_storage_url(url: str) -> None:
-    from sqlalchemy.engine import make_url
+    from sqlalchemy.engine import make_url  # heavy (sqlalchemy): loaded on first use
 
     try:
         make_url(url)
@@ -102,7 +102,7 @@ def check_storage_url(url: str) -> None:
 
 def open_storage(url: str) -> Any:
     """An RDBStorage with heartbeats (tables are created on first use); a bad URL or server is a UserError."""
-    import optuna
+    import optuna  # heavy (optuna): loaded on first use
 
     check_storage_url(url)
     engine_kwargs = {"connect_args": {"timeout": SQLITE_TIMEOUT_S}} if url.startswith("sqlite") else None
@@ -120,7 +120,7 @@ def open_storage(url: str) -> Any:
 
 def open_study(storage: Any, name: str, direction: str, metric: str, base_config: dict[str, Any]) -> Any:
     """Create the study, or continue it when it exists with the same metric, direction and base config."""
-    import optuna
+    import optuna  # heavy (optuna): loaded on first use
 
     try:
         existing = set(optuna.get_all_study_names(storage))
@@ -162,7 +162,7 @@ def config_differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 def is_finished(trial: Any) -> bool:
     """COMPLETE, PRUNED, or FAIL by a crash; see the module docstring."""
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # heavy (optuna): loaded on first use
 
     if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
         return True
@@ -174,7 +174,7 @@ def count_finished(trials: Iterable[Any]) -> int:
 
 
 def count_states(trials: Iterable[Any]) -> dict[str, int]:
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # heavy (optuna): loaded on first use
 
     counts = {"complete": 0, "pruned": 0, "failed": 0, "running": 0}
     names = {TrialState.COMPLETE: "complete", TrialState.PRUNED: "pruned", TrialState.FAIL: "failed",
@@ -219,8 +219,8 @@ def pid_alive(pid: Any) -> bool:
 
 def fail_trial(storage: Any, trial: Any, reason: str) -> bool:
     """Mark a RUNNING trial FAIL with a reason; False when it had finished meanwhile."""
-    import optuna
-    from optuna.trial import TrialState
+    import optuna  # heavy (optuna): loaded on first use
+    from optuna.trial import TrialState  # heavy (optuna): loaded on first use
 
     try:
         storage.set_trial_user_attr(trial._trial_id, "fail_reason", reason)
@@ -236,8 +236,8 @@ def fail_dead_trials(study: Any, storage: Any, pids: Optional[set[int]] = None,
     Trials of other machines are left to the heartbeat: optuna fails them once their heartbeat is older
     than HEARTBEAT_GRACE_S (called here too, and by each worker before each trial).
     """
-    import optuna
-    from optuna.trial import TrialState
+    import optuna  # heavy (optuna): loaded on first use
+    from optuna.trial import TrialState  # heavy (optuna): loaded on first use
 
     failed = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):

@@ -13,6 +13,10 @@ import os
 import sys
 from typing import Any, TextIO
 
+from trainforge.errors import UserError
+from trainforge.tuning.space import param_from_dict
+from trainforge.tuning.study import PRUNERS, make_sampler, open_storage
+
 
 def _emit(events: TextIO, event: str, **fields: Any) -> None:
     events.write(json.dumps({"event": event, **fields}) + "\n")
@@ -20,10 +24,8 @@ def _emit(events: TextIO, event: str, **fields: Any) -> None:
 
 
 def serve(events: TextIO, commands: TextIO) -> None:
-    import optuna
+    import optuna  # heavy: loaded with the trial code below, before "ready"
 
-    from trainforge.tuning.space import param_from_dict
-    from trainforge.tuning.study import PRUNERS, make_sampler, open_storage
     from trainforge.tuning.trial import TrialJob, run_trial  # loads torch and the loop before "ready"
 
     spec = json.loads(commands.readline())
@@ -64,7 +66,6 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as e:  # noqa: BLE001 - the coordinator reports the exit code; say why here
-        from trainforge.errors import UserError
 
         if not isinstance(e, UserError):
             raise

@@ -47,7 +47,7 @@ def placement(parallel: int, user_keys: set[str], gpu_count: Optional[int] = Non
     are turned off: K bars on one terminal would garble each other (each trial still logs its metrics).
     """
     if gpu_count is None:
-        import torch
+        import torch  # heavy (torch): only placement() needs it
 
         gpu_count = torch.cuda.device_count()
     overrides: list[str] = []
@@ -123,7 +123,7 @@ def run_workers(
     `spec` is the worker job (base_config, space, metric, out, storage, study, pruner, worker_overrides);
     `on_trial(number)` is called when a trial ends (also for one failed because its worker died).
     """
-    from optuna.trial import TrialState
+    from optuna.trial import TrialState  # heavy (optuna): loaded on first use
 
     existing = len(study.get_trials(deepcopy=False))
     spawned = 0

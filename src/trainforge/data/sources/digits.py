@@ -19,7 +19,7 @@ class DigitsArgs(SourceArgs):
 def digits(cfg: DataConfig, *, seed: int) -> Pool:
     """x: float32 (1, 8, 8) with raw values 0..16; 10 classes named "0".."9"."""
     parse_args(DigitsArgs, cfg)
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # heavy (sklearn): only this source needs it
 
     bunch = load_digits()
     x = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)
