@@ -36,7 +36,7 @@ from trainforge.data import build_data
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import available_cpus
 from trainforge.models import build_model
-from trainforge.training.loop import fit
+from trainforge.training.run import run
 from trainforge.training.metrics import read_metrics
 
 WINDOW_STEPS = 10  # = train.log_every_steps: one metrics row, one plain-loop timing window
@@ -110,7 +110,7 @@ def run_trainforge(cfg: Config) -> tuple[list[float], float]:
     """fit() in a throwaway run dir -> (step time of each window after the first, mean train loss)."""
     with tempfile.TemporaryDirectory(prefix="loop_overhead-") as tmp:
         run_dir = Path(tmp) / "run"
-        fit(cfg, run_dir)
+        run(cfg, run_dir)
         rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"]
     return [r["step_time_s"] for r in rows[1:]], statistics.fmean(r["loss"] for r in rows)
 

@@ -56,7 +56,7 @@ def memory_rows() -> list[dict]:
 
 def time_rows(device: torch.device) -> list[dict]:
     from trainforge.planning.plan import plan_local_step
-    from trainforge.training.loop import fit
+    from trainforge.training.run import run
     from trainforge.training.metrics import read_metrics
 
     rows = []
@@ -68,7 +68,7 @@ def time_rows(device: torch.device) -> list[dict]:
         with tempfile.TemporaryDirectory() as tmp:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            result = fit(cfg, Path(tmp) / "run")
+            result = run(cfg, Path(tmp) / "run")
             train = [r for r in read_metrics(Path(tmp) / "run" / "metrics.jsonl") if r["split"] == "train"]
         measured = statistics.median(r["step_time_s"] for r in train[WARMUP:])
         predicted = plan_local_step(cfg, device, catalog, micro_batch_size=result.micro_batch_size, calibration={})

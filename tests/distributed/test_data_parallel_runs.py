@@ -84,6 +84,23 @@ def test_out_of_memory_on_one_rank_is_agreed_by_all(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)  # the same as choosing micro-batch 4 from the start
 
 
+def test_out_of_memory_inside_the_communicating_backward_restarts_the_group_smaller(tmp_path):
+    """Rank 1 fails in the backward whose all-reduce rank 0 is already in: no agreement is possible there, so
+    rank 1 asks for a restart with a smaller micro-batch and fails; torchrun ends rank 0 (nobody is left
+    waiting) and restarts both; the run then equals one planned with that micro-batch."""
+    model = ["model.name=custom", "model.target=loop_models:oom_in_backward_on_rank"]
+    steps = ["train.max_steps=4", "train.checkpoint_every_steps=2"]
+    proc = run(command(tmp_path / "oom", *model, "model.args={rank: 1, limit: 8}", *steps, nproc=2, micro=16,
+                       restarts=1))
+    assert "out of memory at step 1 under DDP with micro-batch 16" in proc.stderr
+    assert not (tmp_path / "oom" / "oom_restart.json").exists()  # consumed by the restarted group
+    ran = json.loads((tmp_path / "oom" / "final" / "model.json").read_text())["ran"]
+    assert ran["micro_batch_size"] == 8 and "before the group restarted" in ran["reasons"]["micro_batch_size"]
+    run(command(tmp_path / "plain", *model, "model.args={rank: 1, limit: 1000}", *steps, nproc=2, micro=8))
+    a, b = weights(tmp_path / "oom"), weights(tmp_path / "plain")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def _wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not (run_dir / "checkpoints" / "latest").exists():
@@ -143,15 +160,28 @@ def test_fsdp_two_processes_match_one_process(tmp_path):
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)  # Adam amplifies float-order noise a little
 
 
-def test_fsdp_checkpoint_resumes_on_one_process_and_back(tmp_path):
-    run(command(tmp_path / "ref", *GPT, "train.max_steps=10", micro=8))
-    run(command(tmp_path / "a", *GPT, "train.max_steps=5", "distributed.strategy=fsdp", nproc=2, micro=4))
-    run(command(tmp_path / "a", *GPT, "train.max_steps=10", "distributed.strategy=none", micro=8) + ["--resume", "auto"])
-    assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref"), train_losses(tmp_path / "a"))) < 1e-5
-    run(command(tmp_path / "b", *GPT, "train.max_steps=5", micro=8))
-    run(command(tmp_path / "b", *GPT, "train.max_steps=10", "distributed.strategy=fsdp", nproc=2, micro=4)
+def test_fsdp_keeps_ema_and_best_weights_and_resumes_on_one_process_and_back(tmp_path):
+    """EMA and early stopping under FSDP: their weights are shards in the checkpoint (loaded on one process
+    whole), whole tensors loaded into shards the other way, gathered for the final model; each path ends with
+    the final (best, EMA) weights and best step of a one-process run."""
+    kept = [*GPT, "train.ema_decay=0.8", "train.eval_every_steps=2",
+            "train.early_stopping={metric: loss, mode: min, patience: 100}"]
+    run(command(tmp_path / "ref", *kept, "train.max_steps=10", micro=8))
+    run(command(tmp_path / "a", *kept, "train.max_steps=5", "distributed.strategy=fsdp", nproc=2, micro=4))
+    state = torch.load(tmp_path / "a" / "checkpoints" / "step-000005" / "state.pt", weights_only=True)
+    assert state["sharded_groups"] == ["best_model", "ema"] and state["ema"] == {} and state["best_model"] == {}
+    run(command(tmp_path / "a", *kept, "train.max_steps=10", "distributed.strategy=none", micro=8) + ["--resume", "auto"])
+    run(command(tmp_path / "b", *kept, "train.max_steps=5", micro=8))
+    run(command(tmp_path / "b", *kept, "train.max_steps=10", "distributed.strategy=fsdp", nproc=2, micro=4)
         + ["--resume", "auto"])
-    assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref"), train_losses(tmp_path / "b"))) < 1e-5
+    ref = weights(tmp_path / "ref")
+    best_step = json.loads((tmp_path / "ref" / "final" / "model.json").read_text())["step"]
+    assert 0 < best_step <= 10
+    for resumed in ("a", "b"):
+        assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref"), train_losses(tmp_path / resumed))) < 1e-5
+        assert json.loads((tmp_path / resumed / "final" / "model.json").read_text())["step"] == best_step
+        other = weights(tmp_path / resumed)
+        assert all(torch.allclose(ref[k], other[k], atol=1e-5) for k in ref), resumed
 
 
 def test_fsdp_out_of_memory_on_one_rank_restarts_the_group_smaller(tmp_path):

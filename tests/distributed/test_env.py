@@ -39,8 +39,8 @@ def test_srun_variables_need_a_master_address(clean_env):
 
 def test_strategy_resolution():
     one, many = DistEnv(), DistEnv(rank=0, local_rank=0, world_size=4, backend="gloo")
-    assert resolve_strategy("auto", one) == "none" and resolve_strategy("auto", many) == "ddp"
-    assert resolve_strategy("fsdp", many) == "fsdp" and resolve_strategy("fsdp", one) == "none"
+    assert resolve_strategy("auto", one)[0] == "none" and resolve_strategy("auto", many)[0] == "ddp"
+    assert resolve_strategy("fsdp", many) == ("fsdp", None) and resolve_strategy("fsdp", one)[0] == "none"
     with pytest.raises(UserError, match="distributed.strategy: none cannot run on 4 processes"):
         resolve_strategy("none", many)
 

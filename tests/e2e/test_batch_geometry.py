@@ -20,18 +20,25 @@ QUICK = ["train.max_steps=2", "train.eval_every_steps=2", "train.log_every_steps
 
 
 @pytest.mark.slow
-def test_default_recipe_runs_on_two_processes_and_says_the_micro_batch_once(tmp_path):
+@pytest.mark.parametrize("strategy", ["auto", "fsdp"])
+def test_default_recipe_runs_on_two_processes_and_says_the_micro_batch_once(tmp_path, strategy):
+    """Also under FSDP, with the recipe's early stopping (best weights kept as shards, gathered at the end)."""
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "trainforge", "train", *QUICK, "--nproc-per-node", "2", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "trainforge", "train", *QUICK, f"distributed.strategy={strategy}",
+         "--nproc-per-node", "2", "--run-dir", str(run_dir)],
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1"),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count("train.micro_batch_size 64 -> 32") == 1, proc.stderr[-3000:]
     rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"]
     assert {(r["micro_batch_size"], r["accumulation"]) for r in rows} == {(32, 1)}
-    ran = json.loads((run_dir / "final" / "model.json").read_text())["ran"]
+    meta = json.loads((run_dir / "final" / "model.json").read_text())
+    ran = meta["ran"]
     assert ran["micro_batch_size"] == 32 and ran["world_size"] == 2
+    assert ran["strategy"] == ("ddp" if strategy == "auto" else "fsdp")
+    assert ran["reasons"]["strategy"] == "auto: ddp over 2 processes" if strategy == "auto" else "strategy" not in ran["reasons"]
+    assert json.loads((run_dir / "eval.json").read_text())["step"] == 2 and "accuracy" in meta["metrics"]
 
 
 def test_every_global_batch_of_the_shipped_sweep_runs_on_the_default_recipe(tmp_path):

@@ -43,19 +43,18 @@ def test_oom_is_recognised_from_any_backend():
 
 
 def test_precision_auto_is_fp32_on_cpu_and_explicit_choices_stay():
-    cpu = torch.device("cpu")
-    assert resolve_precision("auto", cpu) == "fp32"
-    assert resolve_precision("bf16", cpu) == "bf16"
+    assert resolve_precision("auto", "cpu", bf16_supported=True) == ("fp32", "auto: fp32 on the CPU")
+    assert resolve_precision("bf16", "cpu", bf16_supported=False) == ("bf16", None)  # CPU autocast has bf16
+    assert resolve_precision("fp32", "cuda", bf16_supported=True) == ("fp32", None)
 
 
-def test_auto_precision_on_gpus_by_bf16_support(monkeypatch):
-    gpu = torch.device("cuda", 0)
-    monkeypatch.setattr("trainforge.training.precision.supports_bf16", lambda d: True)
-    assert resolve_precision("auto", gpu) == "bf16"
-    monkeypatch.setattr("trainforge.training.precision.supports_bf16", lambda d: False)
-    assert resolve_precision("auto", gpu) == "fp16"  # V100, T4: fp16 with loss scaling
-    with pytest.warns(UserWarning, match="using fp16"):
-        assert resolve_precision("bf16", gpu) == "fp16"
+def test_auto_precision_on_gpus_by_bf16_support():
+    assert resolve_precision("auto", "cuda", bf16_supported=True)[0] == "bf16"
+    precision, why = resolve_precision("auto", "cuda", bf16_supported=False)
+    assert precision == "fp16" and "no bf16" in why  # V100, T4: fp16 with loss scaling
+    precision, why = resolve_precision("bf16", "cuda", bf16_supported=False)
+    assert precision == "fp16" and "not supported" in why
+    assert resolve_precision("fp16", "cuda", bf16_supported=True) == ("fp16", None)
 
 
 def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16():

@@ -140,22 +140,26 @@ def test_plan_cli_bad_input(args, message, capsys):
 
 def test_auto_micro_batch_picks_the_largest_that_fits_the_budget(tmp_path):
     from trainforge.data import build_data
-    from trainforge.planning.auto import auto_micro_batch
+    from trainforge.distributed.env import DistEnv
     from trainforge.planning.memory import SimKey
     from trainforge.planning.plan import Planner
+    from trainforge.training.setup import DataFacts, resolve
     import torch
 
     budget = 2_500_000
     cfg = trainforge.load_config(None, ["train.micro_batch_size=auto", f"train.memory_budget_bytes={budget}"])
-    info = build_data(cfg.data, seed=0).info
-    choice = auto_micro_batch(cfg, info, torch.device("cpu"), "fp32", steps=10)
-    assert 1 <= choice.micro_batch_size < 64
-    planner = Planner(cfg, info=info, steps=10)
+    data = build_data(cfg.data, seed=0)
+    setup = resolve(cfg, DistEnv(), torch.device("cpu"), DataFacts(data.info, len(data.train), convolutional=True))
+    micro = setup.micro_batch_size
+    assert 1 <= micro < 64 and setup.accumulation == 64 // micro
+    assert setup.predicted_peak_bytes <= budget * SAFETY_MARGIN
+    assert f"auto: {micro}" in setup.reasons["micro_batch_size"] and "train.memory_budget_bytes" in setup.notes[0]
+    planner = Planner(cfg, info=data.info, steps=10)
     key = SimKey("none", 1, False, "fp32")
-    assert planner.cache.get(key, choice.micro_batch_size).peak_bytes <= budget * SAFETY_MARGIN
-    assert planner.cache.get(key, choice.micro_batch_size * 2).peak_bytes > budget * SAFETY_MARGIN
+    assert planner.cache.get(key, micro).peak_bytes <= budget * SAFETY_MARGIN
+    assert planner.cache.get(key, micro * 2).peak_bytes > budget * SAFETY_MARGIN
     result = trainforge.train(cfg, overrides=["train.max_steps=2", "log.progress=false"], run_dir=tmp_path / "run")
-    assert result.micro_batch_size == choice.micro_batch_size
+    assert result.micro_batch_size == micro == result.setup.micro_batch_size
 
 
 def test_auto_micro_batch_with_no_room_is_a_user_error(tmp_path):

@@ -30,7 +30,7 @@ def test_predicted_peak_within_10_percent_of_reserved(tmp_path):
     result = trainforge.train(cfg, run_dir=tmp_path / "run")
     reserved = torch.cuda.max_memory_reserved()
     predicted = plan_local_step(cfg, torch.device("cuda"), load_catalog(), micro_batch_size=result.micro_batch_size,
-                                calibration={})
+                                precision=result.setup.precision, calibration={})
     assert predicted.simulated_peak_bytes_per_gpu == pytest.approx(torch.cuda.max_memory_allocated(), rel=0.10)
     assert predicted.peak_bytes_per_gpu - 512 * 2**20 == pytest.approx(reserved, rel=0.25)  # context not in reserved
 

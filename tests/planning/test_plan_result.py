@@ -132,7 +132,7 @@ def test_render_reads_the_plan(digits):
 
 def test_local_step_is_a_candidate_and_the_api_returns_the_json():
     cfg = trainforge.load_config(None, ["model.args={channels: [8, 16]}"])
-    local = plan_local_step(cfg, torch.device("cpu"), load_catalog(), micro_batch_size=16, calibration={})
+    local = plan_local_step(cfg, torch.device("cpu"), load_catalog(), micro_batch_size=16, precision="fp32", calibration={})
     assert isinstance(local, Candidate) and local.fits and local.gpu == "cpu" and local.micro_batch_size == 16
     doc = trainforge.plan(cfg, gpus=["h100-sxm"], num_gpus=[1], calibration={})
     assert isinstance(doc, dict) and list(doc) == TOP and list(doc["candidates"][0]) == FITTING

@@ -91,3 +91,33 @@ def oom_on_rank(info, rank: int = 1, limit: int = 8):
     """Runs out of memory above `limit` samples on one rank only, as an unevenly loaded GPU would."""
     this_rank = int(os.environ.get("RANK", "0"))
     return OOMAbove(info, limit if this_rank == rank else 10**9)
+
+
+class _FailBackward(torch.autograd.Function):
+    """Identity forward; the CUDA out-of-memory error in backward (where a GPU runs out as often as in forward)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate in backward for batch {grad.shape[0]}")
+
+
+class OOMInBackwardAbove(_Flat):
+    """Runs out of memory in backward for batches larger than `limit`."""
+
+    def __init__(self, info, limit: int) -> None:
+        super().__init__(info)
+        self.limit = limit
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return _FailBackward.apply(out) if self.training and x.shape[0] > self.limit else out
+
+
+def oom_in_backward_on_rank(info, rank: int = 1, limit: int = 8):
+    """Out of memory in backward above `limit` samples, on one rank only: inside DDP's communicating backward."""
+    this_rank = int(os.environ.get("RANK", "0"))
+    return OOMInBackwardAbove(info, limit if this_rank == rank else 10**9)

@@ -117,7 +117,11 @@ def test_oom_shrinks_an_odd_micro_batch_and_the_micro_batch_that_ran_is_recorded
     rows = [r for r in read_metrics(recovered.run_dir / "metrics.jsonl") if r["split"] == "train"]
     assert [(r["micro_batch_size"], r["accumulation"]) for r in rows] == [(6, 5)] * 3
     meta = json.loads((recovered.run_dir / "final" / "model.json").read_text())
-    assert meta["ran"] == {"micro_batch_size": 6, "accumulation": 5, "world_size": 1, "steps_trained": 3}
+    ran = meta["ran"]
+    assert {k: ran[k] for k in ("micro_batch_size", "accumulation", "world_size", "steps_trained")} == {
+        "micro_batch_size": 6, "accumulation": 5, "world_size": 1, "steps_trained": 3}
+    assert ran["reasons"]["micro_batch_size"].startswith("out of memory at step 1 with micro-batch 15")
+    assert (ran["precision"], ran["strategy"], ran["device"]) == ("fp32", "none", "cpu")
     assert "micro_batch_size: 15" in (recovered.run_dir / "config.yaml").read_text()  # the request is kept
 
 

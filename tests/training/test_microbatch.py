@@ -3,20 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trainforge.errors import JobFailed, UserError
-from trainforge.training.microbatch import (
-    accumulation_steps,
-    batch_geometry,
-    fitting_micro_batch,
-    per_rank_batch,
-    shrink_micro_batch,
-)
-
-
-def test_accumulation_keeps_global_batch():
-    assert accumulation_steps(64, 16) == 4
-    assert accumulation_steps(64, 8, world_size=2) == 4
-    with pytest.raises(UserError, match="train.global_batch_size"):
-        accumulation_steps(64, 12)
+from trainforge.training.microbatch import batch_geometry, per_rank_batch, shrink_micro_batch
 
 
 @pytest.mark.parametrize("global_batch, micro, world, expected", [
@@ -60,18 +47,11 @@ def test_impossible_geometry_is_one_user_error(global_batch, world, match):
     (3, 4, (1, 12)),
 ])
 def test_oom_shrink_keeps_the_samples_per_step_and_handles_odd_sizes(micro, accumulation, expected):
-    assert shrink_micro_batch(micro, accumulation) == expected
     new_micro, new_acc = expected
+    assert shrink_micro_batch(micro, per_rank=micro * accumulation) == new_micro
     assert new_micro <= micro // 2 and new_micro * new_acc == micro * accumulation
 
 
 def test_oom_at_micro_batch_one_fails_the_run():
     with pytest.raises(JobFailed, match="cannot shrink further"):
         shrink_micro_batch(1, 8)
-
-
-def test_fitting_micro_batch_for_another_world_size():
-    assert fitting_micro_batch(16, 32, 1) == 16
-    assert fitting_micro_batch(16, 32, 4) == 8  # 8 per rank
-    assert fitting_micro_batch(16, 48, 2) == 12
-    assert fitting_micro_batch(5, 32, 2) == 4

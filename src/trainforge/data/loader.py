@@ -12,7 +12,7 @@ Iterating never advances the sampler by itself: call `set_position` before each 
 from __future__ import annotations
 
 import os
-from typing import Iterator, Union
+from typing import Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -146,3 +146,28 @@ def resolve_num_workers(spec: Union[int, str], device_type: str) -> int:
     if device_type == "cpu":
         return 0
     return min(8, available_cpus() // 2)
+
+
+class TrainBatches:
+    """The train split as an iterator of micro-batches starting at any (epoch, position): the order is a
+    function of (seed, epoch), so starting there again — after a resume or an out-of-memory retry with a
+    smaller micro-batch — yields the same samples.
+
+        batches = TrainBatches(data.train, seed=0, micro_batch_size=32, global_batch_size=64, num_workers=0,
+                               pin_memory=False)
+        it = batches.at(epoch=2, position=5)          # the 6th optimizer step of epoch 2
+        it = batches.at(epoch=2, position=5, micro_batch_size=16)   # the same samples, smaller pieces
+    """
+
+    def __init__(self, dataset: Dataset, *, seed: int, micro_batch_size: int, global_batch_size: int,
+                 num_workers: int, pin_memory: bool, rank: int = 0, world_size: int = 1) -> None:
+        self.global_batch_size = global_batch_size
+        self.sampler = PositionBatchSampler(len(dataset), seed=seed, micro_batch_size=micro_batch_size,
+                                            global_batch_size=global_batch_size, rank=rank, world_size=world_size)
+        self.loader = make_train_loader(dataset, self.sampler, num_workers=num_workers, pin_memory=pin_memory)
+
+    def at(self, epoch: int, position: int, micro_batch_size: Optional[int] = None) -> Iterator:
+        if micro_batch_size is not None:
+            self.sampler.set_micro_batch_size(micro_batch_size)
+        self.sampler.set_position(epoch, position * self.global_batch_size)
+        return iter(self.loader)

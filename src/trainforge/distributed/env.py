@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -122,12 +122,15 @@ def _attempt_store(rank: int, world_size: int) -> dist.Store:
     return dist.PrefixStore(f"trainforge/attempt_{attempt}", store)
 
 
-def resolve_strategy(strategy: str, env: DistEnv) -> str:
-    """`auto`: data parallel replicas when there is more than one process, else none."""
+def resolve_strategy(strategy: str, env: DistEnv) -> tuple[str, Optional[str]]:
+    """(strategy, why) for `distributed.strategy` at this world size; why is None when taken as it is.
+    `auto`: data-parallel replicas (ddp) with more than one process, else none."""
     if strategy == "auto":
-        return "ddp" if env.is_distributed else "none"
+        if env.is_distributed:
+            return "ddp", f"auto: ddp over {env.world_size} processes"
+        return "none", "auto: none (one process)"
     if strategy == "none" and env.is_distributed:
         raise UserError(f"distributed.strategy: none cannot run on {env.world_size} processes; use ddp or auto")
     if strategy in ("ddp", "fsdp") and not env.is_distributed:
-        return "none"  # one process: nothing to replicate or shard
-    return strategy
+        return "none", f"distributed.strategy {strategy} -> none: one process has nothing to replicate or shard"
+    return strategy, None

@@ -17,10 +17,12 @@ The service runs `size_submission` in a child process with a time and memory cap
 data problem found there is reported by field only (`errors.public_message`): an API error never quotes a
 cell, a header or a line of a file.
 
-Memory comes from the planner's fake-tensor simulation of one training step on one device
-(`planning.plan.Planner`), plus the GPU correction terms (CUDA context, workspaces, allocator) on GPU
-slots. `train.micro_batch_size: auto` is pinned here to the largest micro-batch that fits the largest
-slot, so the job never grows past what the scheduler reserved for it.
+The job's setup is resolved by the function every run resolves its setup with (`training.setup.resolve`), on
+`num_gpus` devices of the slots' kind: strategy, precision, micro-batch and accumulation as the job will have
+them. Memory is the planner's fake-tensor simulation of one training step on one device under that strategy,
+plus the GPU correction terms (CUDA context, workspaces, allocator) on GPU slots. `train.micro_batch_size:
+auto` is pinned here to the largest micro-batch that fits the largest slot (less the planner's 10% margin), so
+the job never grows past what the scheduler reserved for it.
 """
 from __future__ import annotations
 
@@ -30,18 +32,19 @@ from typing import Optional, Sequence
 
 from trainforge.config import (Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml,
                                set_dotted)
+import torch
+
 from trainforge.data import build_data
-from trainforge.data.base import DataInfo
-from trainforge.data.loader import steps_per_epoch
+from trainforge.data.base import DataBundle
 from trainforge.data.roots import confine
+from trainforge.distributed.env import DistEnv
 from trainforge.errors import UserError, public_message, quote
 from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
-from trainforge.planning.corrections import applicable, corrected_peak_bytes
-from trainforge.planning.memory import SimKey, candidate_micro_batches, fit_linear
-from trainforge.planning.plan import Planner
+from trainforge.models import build_model, is_convolutional
+from trainforge.planning.auto import MemoryBudget
 from trainforge.training.api import check_names
-from trainforge.training.microbatch import batch_geometry
+from trainforge.training.setup import DataFacts, RunSetup, resolve
 
 
 @dataclass(frozen=True)
@@ -106,51 +109,36 @@ def admit(*, recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], 
 
 
 def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitted:
-    """Read the data the planner needs, simulate, and refuse what can never fit. A data problem is a
-    UserError whose `public` line names the field only."""
+    """Read the data the planner needs, resolve the job's setup, and refuse what can never fit. A data problem
+    is a UserError whose `public` line names the field only."""
     capacity = {s.id: s.memory_bytes for s in slots}
     if num_gpus > len(slots):
         raise UserError(never_fits(capacity, 0, num_gpus))
-    try:
-        data = build_data(cfg.data, seed=cfg.seed)
-        steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
-    except UserError as e:
-        raise UserError(str(e), public=public_message(e)) from None
-    micro, need, steps = memory_need(cfg, num_gpus, slots[0].kind, max(capacity.values()), data.info, steps)
-    reason = never_fits(capacity, need, num_gpus)
-    if reason:
-        raise UserError(f"{cfg.name}: {reason}", public=True)
-    if cfg.train.micro_batch_size == "auto":
-        cfg = config_from_dict(apply_overrides(cfg.model_dump(mode="json"), [f"train.micro_batch_size={micro}"]))
-    return Admitted(cfg.name, cfg.to_yaml(), need, steps, micro)
-
-
-def memory_need(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, info: DataInfo,
-                steps: int) -> tuple[int, int, int]:
-    """(micro-batch, predicted peak bytes per device, total optimizer steps) for `num_gpus` slots of a kind."""
     global_batch = cfg.train.global_batch_size
     if global_batch % num_gpus:
         raise UserError(f"--gpus: train.global_batch_size ({global_batch}) does not divide over {num_gpus} GPUs; "
                         "change one of them", public=True)
-    per_device = global_batch // num_gpus
-    planner = Planner(cfg, info, steps)
-    terms = applicable("cuda" if slot_kind == "gpu" else "cpu", num_gpus, planner.facts.convolutional)
+    try:
+        data = build_data(cfg.data, seed=cfg.seed)
+        setup = job_setup(cfg, num_gpus, slots[0].kind, max(capacity.values()), data)
+    except UserError as e:
+        raise UserError(str(e), public=public_message(e)) from None
+    need = setup.predicted_peak_bytes
+    reason = never_fits(capacity, need, num_gpus)
+    if reason:
+        raise UserError(f"{cfg.name}: {reason}", public=True)
+    if cfg.train.micro_batch_size == "auto":  # pinned: the job never grows past what the scheduler reserves
+        cfg = config_from_dict(apply_overrides(cfg.model_dump(mode="json"), [f"train.micro_batch_size={setup.micro_batch_size}"]))
+    return Admitted(cfg.name, cfg.to_yaml(), need, setup.total_steps, setup.micro_batch_size)
 
-    def corrected(peak: float) -> int:
-        return corrected_peak_bytes(int(peak), terms, None)[0]
 
-    fsdp = num_gpus > 1 and cfg.distributed.strategy == "fsdp"
-    precision = "fp32" if cfg.train.precision == "fp32" or (slot_kind == "cpu" and cfg.train.precision == "auto") else "bf16"
-    key = SimKey("fsdp" if fsdp else "none", num_gpus if fsdp else 1, cfg.distributed.activation_checkpointing, precision)
-    if isinstance(cfg.train.micro_batch_size, int):
-        micro = batch_geometry(global_batch, cfg.train.micro_batch_size, num_gpus).micro_batch_size  # as the trainer fits it
-    else:  # as training's auto does: the linear model proposes, a simulation at that size confirms
-        micro = 1
-        line = fit_linear(planner.cache.get(key, 1), planner.cache.get(key, 2)) if per_device >= 2 else None
-        for b in candidate_micro_batches(per_device):
-            if line is not None and corrected(line.at(b)) > largest_slot_bytes:
-                continue
-            if corrected(planner.cache.get(key, b).peak_bytes) <= largest_slot_bytes:
-                micro = b
-                break
-    return micro, corrected(planner.cache.get(key, micro).peak_bytes), planner.steps
+def job_setup(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, data: DataBundle) -> RunSetup:
+    """The setup the job will resolve on `num_gpus` slots of a kind, resolved here by the same function, with the
+    largest slot as the budget of `auto` and the predicted peak per device (the reservation) always computed."""
+    device = torch.device("cuda" if slot_kind == "gpu" else "cpu")
+    with torch.device("meta"):
+        convolutional = is_convolutional(build_model(cfg.model, data.info)[0])
+    facts = DataFacts(data.info, len(data.train), convolutional)
+    budget = MemoryBudget(largest_slot_bytes, f"the largest {slot_kind} slot")
+    # the slot's GPU model is not known here: bf16 is assumed, and fp16 costs the same memory
+    return resolve(cfg, DistEnv(world_size=num_gpus), device, facts, budget=budget, bf16_supported=True, predict=True)

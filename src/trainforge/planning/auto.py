@@ -1,27 +1,38 @@
-"""`train.micro_batch_size: auto`: the largest micro-batch whose simulated step fits this device.
+"""`train.micro_batch_size: auto`: the largest micro-batch whose simulated step fits a memory budget.
 
-Budget: on CUDA the free memory `mem_get_info` reports (the CUDA context already exists, so its term is
-left out); on the CPU `train.memory_budget_bytes`, default half of the memory available now. The
-prediction is the linear memory model of `planning.memory` plus the device's correction terms, and the
-chosen size is confirmed by simulating it. The loop's out-of-memory recovery stays the safety net.
+    budget = device_budget(cfg.train.memory_budget_bytes, device)      # what this device has room for
+    choice = auto_micro_batch(planner, key, per_device=32, budget=budget, device_type="cuda", world_size=2)
+
+The run's resolver (`training.setup.resolve`) and the job admission both call `auto_micro_batch`, so `auto`
+means one thing. Budget: on CUDA the free memory `mem_get_info` reports (the CUDA context already exists, so
+its correction term is left out); on the CPU `train.memory_budget_bytes`, default half of the memory available
+now; for a job, the largest slot of the server. The prediction is the linear memory model of
+`planning.memory` plus the device's correction terms (and a calibrated memory factor, where one is stored),
+and the size it proposes is confirmed by simulating it. The loop's out-of-memory recovery stays the safety net.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from trainforge.config import Config
-from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.hardware.catalog import load_catalog
 from trainforge.planning.calibration_store import load_calibration
-from trainforge.planning.corrections import applicable, corrected_peak_bytes
+from trainforge.planning.corrections import Term, applicable, corrected_peak_bytes
 from trainforge.planning.local import available_memory_bytes
-from trainforge.planning.memory import SAFETY_MARGIN, SimKey, candidate_micro_batches, fit_linear
+from trainforge.planning.memory import SAFETY_MARGIN, SimKey, fit_linear, largest_fitting
 from trainforge.planning.plan import Planner
 
 CPU_BUDGET_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    budget_bytes: int
+    source: str  # where the figure comes from, e.g. "free CUDA memory": said with the choice
+    context_counted: bool = False  # True for free memory measured after the CUDA context was made: its term is out
 
 
 @dataclass(frozen=True)
@@ -31,47 +42,55 @@ class AutoChoice:
     budget_bytes: int
 
 
-def memory_budget_bytes(cfg: Config, device: torch.device) -> int:
+def device_budget(memory_budget_bytes: Optional[int], device: torch.device) -> MemoryBudget:
+    """This process's budget on `device` (`train.memory_budget_bytes` applies to the CPU)."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    if cfg.train.memory_budget_bytes is not None:
-        return cfg.train.memory_budget_bytes
-    return int(available_memory_bytes() * CPU_BUDGET_SHARE)
+        return MemoryBudget(int(free), "free CUDA memory", context_counted=True)
+    if memory_budget_bytes is not None:
+        return MemoryBudget(memory_budget_bytes, "train.memory_budget_bytes")
+    return MemoryBudget(int(available_memory_bytes() * CPU_BUDGET_SHARE), "half of the memory available now")
 
 
-def auto_micro_batch(cfg: Config, info: DataInfo, device: torch.device, precision: str, *,
-                     steps: int, world_size: int = 1) -> AutoChoice:
-    planner = Planner(cfg, info=info, steps=steps)
-    budget = memory_budget_bytes(cfg, device)
-    usable = budget * SAFETY_MARGIN
-    terms = [t for t in applicable(device.type, world_size, planner.facts.convolutional) if t.name != "cuda_context"]
-    factor = None
-    if device.type == "cuda":
-        factor = load_calibration().get(_catalog_name(device), {}).get("memory_factor")
+def memory_terms(device_type: str, world_size: int, convolutional: bool, budget: MemoryBudget) -> list[Term]:
+    terms = applicable(device_type, world_size, convolutional)
+    return [t for t in terms if not (budget.context_counted and t.name == "cuda_context")]
+
+
+def memory_factor(device: torch.device) -> Optional[float]:
+    """The calibrated allocator factor of this GPU (`trainforge plan --calibrate`), if one is stored."""
+    if device.type != "cuda":
+        return None
+    spec = load_catalog().match_device_name(torch.cuda.get_device_name(device))
+    return load_calibration().get(spec.name if spec else "", {}).get("memory_factor")
+
+
+def predicted_peak_bytes(planner: Planner, key: SimKey, micro_batch_size: int, terms: list[Term],
+                         factor: Optional[float] = None) -> int:
+    """One device's predicted peak at `micro_batch_size`: the simulation at that size, corrected."""
+    return corrected_peak_bytes(int(planner.cache.get(key, micro_batch_size).peak_bytes), terms, factor)[0]
+
+
+def auto_micro_batch(planner: Planner, key: SimKey, *, per_device: int, budget: MemoryBudget, terms: list[Term],
+                     factor: Optional[float] = None) -> AutoChoice:
+    """The largest micro-batch dividing `per_device` whose corrected simulated peak fits the budget less the
+    safety margin; UserError when not even 1 does."""
+    usable = budget.budget_bytes * SAFETY_MARGIN
 
     def corrected(peak: float) -> int:
         return corrected_peak_bytes(int(peak), terms, factor)[0]
 
-    key = SimKey("none", 1, False, "fp32" if precision == "fp32" else "bf16")
-    per_device = cfg.train.global_batch_size // world_size
-    one = planner.cache.get(key, 1)
-    if corrected(one.peak_bytes) > usable:
+    line = fit_linear(planner.cache.get(key, 1), planner.cache.get(key, 2)) if per_device >= 2 else None
+    micro = largest_fitting(
+        per_device, usable,
+        predicted=(lambda b: corrected(line.at(b))) if line is not None else (lambda b: 0),
+        confirmed=lambda b: predicted_peak_bytes(planner, key, b, terms, factor),
+    )
+    if micro is None:
         raise UserError(
             f"train.micro_batch_size: auto found no micro-batch that fits: a micro-batch of 1 needs "
-            f"{corrected(one.peak_bytes) / 2**20:.0f} MiB, the budget allows {usable / 2**20:.0f} MiB; "
-            "raise train.memory_budget_bytes, use a larger device or a smaller model"
+            f"{predicted_peak_bytes(planner, key, 1, terms, factor) / 2**20:.0f} MiB, {budget.source} allows "
+            f"{usable / 2**20:.0f} MiB; raise train.memory_budget_bytes, use a larger device or a smaller model",
+            public=True,
         )
-    line = fit_linear(one, planner.cache.get(key, 2)) if per_device >= 2 else None
-    for b in candidate_micro_batches(per_device):
-        if line is not None and corrected(line.at(b)) > usable:
-            continue
-        peak = corrected(planner.cache.get(key, b).peak_bytes)  # confirm the linear prediction
-        if peak <= usable:
-            return AutoChoice(b, peak, budget)
-    return AutoChoice(1, corrected(one.peak_bytes), budget)
-
-
-def _catalog_name(device: torch.device) -> str:
-    spec = load_catalog().match_device_name(torch.cuda.get_device_name(device))
-    return spec.name if spec else ""
+    return AutoChoice(micro, predicted_peak_bytes(planner, key, micro, terms, factor), budget.budget_bytes)

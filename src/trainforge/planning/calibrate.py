@@ -20,7 +20,7 @@ from trainforge.hardware.device import resolve_device
 from trainforge.metrics_file import read_metrics
 from trainforge.planning.calibration_store import save_calibration
 from trainforge.planning.plan import plan_local_step
-from trainforge.training.loop import fit
+from trainforge.training.run import run
 
 MEASURED_STEPS = 8
 WARMUP_STEPS = 3
@@ -40,16 +40,18 @@ def calibrate(cfg, *, catalog=None, steps: int = MEASURED_STEPS) -> dict[str, An
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="trainforge-calibrate-") as tmp:
         start = time.perf_counter()
-        result = fit(short, Path(tmp) / "run")
+        result = run(short, Path(tmp) / "run")
         wall_s = time.perf_counter() - start
         rows = [r for r in read_metrics(Path(tmp) / "run" / "metrics.jsonl") if r["split"] == "train"]
     measured_step_s = statistics.median(r["step_time_s"] for r in rows[WARMUP_STEPS:])
-    predicted = plan_local_step(short, device, catalog, micro_batch_size=result.micro_batch_size, calibration={})
+    ran = result.setup  # the setup the measured run resolved: the prediction is made for exactly that
+    predicted = plan_local_step(short, ran.device, catalog, micro_batch_size=ran.micro_batch_size,
+                                precision=ran.precision, calibration={})
     entry: dict[str, Any] = {
         "recipe": cfg.name,
         "date": time.strftime("%Y-%m-%d"),
         "device": predicted.gpu,
-        "micro_batch_size": result.micro_batch_size,
+        "micro_batch_size": ran.micro_batch_size,
         "precision": predicted.precision,
         "predicted_step_time_s": predicted.step_time_s,
         "measured_step_time_s": measured_step_s,

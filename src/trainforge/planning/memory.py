@@ -51,22 +51,43 @@ def fit_linear(one: Simulation, two: Simulation) -> LinearPeak:
     return LinearPeak(one.peak_bytes - per_sample * one.micro_batch_size, per_sample)
 
 
+def memory_class(precision: str) -> str:
+    """The simulation a precision needs: fp32, or bf16 for both 16-bit formats (same bytes per value)."""
+    return "fp32" if precision == "fp32" else "bf16"
+
+
+def sim_key(strategy: str, world_size: int, activation_checkpointing: bool, precision: str) -> SimKey:
+    """The simulation that gives one device's peak under `strategy`: FSDP shards over the world size; a DDP
+    replica or a single process holds the whole model."""
+    sharded = strategy == "fsdp" and world_size > 1
+    return SimKey("fsdp" if sharded else "none", world_size if sharded else 1, activation_checkpointing,
+                  memory_class(precision))
+
+
 def candidate_micro_batches(per_gpu_batch: int) -> list[int]:
     """Micro-batches that divide the per-GPU batch, largest first (accumulation makes up the rest)."""
     return sorted((b for b in range(1, per_gpu_batch + 1) if per_gpu_batch % b == 0), reverse=True)
 
 
 def largest_fitting(
-    model: LinearPeak,
     per_gpu_batch: int,
     usable_bytes: float,
-    corrected: Callable[[float], float],
+    predicted: Callable[[int], float],
+    confirmed: Optional[Callable[[int], float]] = None,
     limit: Optional[int] = None,
 ) -> Optional[int]:
-    """The largest micro-batch whose corrected predicted peak fits `usable_bytes`; None if not even 1."""
+    """The largest micro-batch dividing `per_gpu_batch` (and at most `limit`) whose need fits `usable_bytes`;
+    None if not even 1 does. THE one search for "the largest micro-batch that fits", used by the planner's
+    candidates, `micro_batch_size: auto` and the job admission.
+
+    `predicted(b)` is the cheap estimate (the linear model, corrected) that rules sizes out; `confirmed(b)`, when
+    given, is the expensive one (a simulation at b, corrected) that must agree before a size is taken.
+    """
     for b in candidate_micro_batches(per_gpu_batch):
         if limit is not None and b > limit:
             continue
-        if corrected(model.at(b)) <= usable_bytes:
+        if predicted(b) > usable_bytes:
+            continue
+        if confirmed is None or confirmed(b) <= usable_bytes:
             return b
     return None

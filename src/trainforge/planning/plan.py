@@ -33,7 +33,8 @@ from trainforge.planning.calibration_store import load_calibration
 from trainforge.planning.corrections import Term, applicable, corrected_peak_bytes
 from trainforge.planning.kernels import kernels_per_micro_batch
 from trainforge.planning.local import local_spec, spec_for
-from trainforge.planning.memory import SAFETY_MARGIN, LinearPeak, SimCache, SimKey, fit_linear, largest_fitting
+from trainforge.planning.memory import (SAFETY_MARGIN, LinearPeak, SimCache, SimKey, fit_linear, largest_fitting,
+                                        memory_class, sim_key)
 from trainforge.planning.result import Candidate, Plan, Recommendation, StepSimulation
 from trainforge.planning.roofline import Efficiency, StepTime, default_efficiency, run_totals, step_time
 from trainforge.planning.simulate import Simulation, simulate_step
@@ -155,7 +156,7 @@ def plan(
     candidates = []
     for spec in specs:
         device_type = "cpu" if spec.name == "cpu" else "cuda"
-        precision = gpu_precision(cfg.train.precision, spec) if device_type == "cuda" else _cpu_precision(cfg)
+        precision = spec_precision(cfg.train.precision, spec)
         for n in counts if device_type == "cuda" else [1]:
             candidates.append(planner.candidate(
                 spec, n, precision=precision, price=None if device_type == "cpu" else catalog.price(spec.name),
@@ -177,7 +178,7 @@ def own_step(planner: Planner) -> StepSimulation:
     cfg, global_batch = planner.cfg, planner.cfg.train.global_batch_size
     micro = (batch_geometry(global_batch, cfg.train.micro_batch_size).micro_batch_size  # an upper bound, as in training
              if isinstance(cfg.train.micro_batch_size, int) else 1)
-    precision = "fp32" if cfg.train.precision == "fp32" else "bf16"
+    precision = memory_class(cfg.train.precision)
     own = planner.cache.get(SimKey("none", 1, False, precision), micro)
     return StepSimulation(
         micro_batch_size=micro,
@@ -195,12 +196,13 @@ def own_step(planner: Planner) -> StepSimulation:
 
 
 def plan_local_step(
-    cfg: Config, device, catalog: Catalog, *, micro_batch_size: int, calibration: Optional[dict] = None
+    cfg: Config, device, catalog: Catalog, *, micro_batch_size: int, precision: str, calibration: Optional[dict] = None
 ) -> Candidate:
-    """The prediction for `cfg` as configured on this machine's device (one device, no parallelism)."""
+    """The prediction for `cfg` on this machine's device (one device, no parallelism) with the micro-batch and
+    precision a run resolved (`RunSetup`): calibration compares it with that run."""
     spec = local_spec(device, catalog)
     candidate = Planner(cfg).candidate(
-        spec, 1, precision=resolve_precision(cfg.train.precision, device),
+        spec, 1, precision=precision,
         calibration=(calibration if calibration is not None else load_calibration()).get(spec.name, {}),
         fixed_micro=micro_batch_size, device_type=device.type,
     )
@@ -209,17 +211,11 @@ def plan_local_step(
     return candidate
 
 
-def _cpu_precision(cfg: Config) -> str:
-    return "fp32" if cfg.train.precision in ("auto", "fp32") else cfg.train.precision
-
-
-def gpu_precision(requested: str, spec: GPUSpec) -> str:
-    """`auto` and `bf16` fall back to fp16 on GPUs without bf16 (V100, T4), as training does."""
-    if requested == "fp32":
-        return "fp32"
-    if requested == "fp16" or spec.peak_flops.get("bf16") is None:
-        return "fp16"
-    return "bf16"
+def spec_precision(requested: str, spec: GPUSpec) -> str:
+    """The precision a run of `requested` gets on `spec`, decided as training decides it (`auto` and `bf16`
+    become fp16 on GPUs without bf16: V100, T4)."""
+    device_type = "cpu" if spec.name == "cpu" else "cuda"
+    return resolve_precision(requested, device_type, bf16_supported=spec.peak_flops.get("bf16") is not None)[0]
 
 
 def model_facts(cfg: Config, info: DataInfo) -> ModelFacts:
@@ -278,14 +274,13 @@ def fit_memory(
 ) -> Union[Fit, str]:
     """Try the strategies in order and take the largest micro-batch that fits (or `fixed_micro` if it
     does); the reason nothing fits otherwise."""
-    memory_class = "fp32" if precision == "fp32" else "bf16"
     smallest_need = None
     for strategy, ckpt in strategies_for(num_gpus):
         floor = rule.corrected(facts.param_count * facts.state_bytes_per_param / (num_gpus if strategy == "fsdp" else 1))
         if floor > rule.usable_bytes:  # weights, gradients and optimizer state alone: no need to simulate
             smallest_need = floor if smallest_need is None else min(smallest_need, floor)
             continue
-        key = SimKey("fsdp" if strategy == "fsdp" else "none", num_gpus if strategy == "fsdp" else 1, ckpt, memory_class)
+        key = sim_key(strategy, num_gpus, ckpt, precision)
         one = cache.get(key, 1)
         need = rule.corrected(one.peak_bytes)
         smallest_need = need if smallest_need is None else min(smallest_need, need)
@@ -296,7 +291,7 @@ def fit_memory(
         if fixed_micro is not None:
             micro = fixed_micro if rule.corrected(line.at(fixed_micro)) <= rule.usable_bytes else None
         else:
-            micro = largest_fitting(line, per_gpu, rule.usable_bytes, rule.corrected)
+            micro = largest_fitting(per_gpu, rule.usable_bytes, lambda b: rule.corrected(line.at(b)))
         if micro is None:
             continue
         peak, added = rule.corrections(line.at(micro))

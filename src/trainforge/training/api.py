@@ -10,7 +10,8 @@ from trainforge.console import err
 from trainforge.distributed.env import launched_worker
 from trainforge.errors import UserError
 from trainforge.training.checkpoint import find_resume_checkpoint, load_state
-from trainforge.training.loop import FitHooks, TrainResult, fit
+from trainforge.training.loop import FitHooks, TrainResult
+from trainforge.training.run import run
 from trainforge.training.rundir import (
     CHECKPOINTS,
     check_writable,
@@ -47,7 +48,7 @@ def train(
     hooks: see FitHooks (a replacement model or loss, a callback after each evaluation).
     """
     cfg, rd, ckpt = prepare_run(config, overrides, run_dir=run_dir, resume=resume)
-    return fit(cfg, rd, resume_from=ckpt, hooks=hooks)
+    return run(cfg, rd, resume_from=ckpt, hooks=hooks)
 
 
 def prepare_run(

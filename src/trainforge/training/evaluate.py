@@ -16,7 +16,7 @@ from trainforge.data import build_data
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import make_eval_loader
 from trainforge.errors import UserError
-from trainforge.hardware.device import resolve_device
+from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained
 from trainforge.training.losses import task_loss
 from trainforge.training.metrics import classification_metrics, lm_metrics
@@ -90,7 +90,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
     model = trained.build_model().to(dev)
     batch = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else 256
     loader = make_eval_loader(dataset, batch_size=batch, num_workers=0, pin_memory=dev.type == "cuda")
-    result = evaluate_model(model, loader, info=trained.info, device=dev, precision=resolve_precision(cfg.train.precision, dev))
+    result = evaluate_model(model, loader, info=trained.info, device=dev, precision=resolve_precision(cfg.train.precision, dev.type, supports_bf16(dev))[0])
     return {"split": split, "step": trained.step, "checkpoint": str(trained.source), **result}
 
 

@@ -5,7 +5,7 @@ rank's share of the global batch, so the default recipe runs unchanged on 1, 2, 
 
     geometry = batch_geometry(64, 64, world_size=3)   # UserError: 64 samples do not split over 3 ranks
     geometry = batch_geometry(64, 24, world_size=2)   # Geometry(micro=16, accumulation=2, note="...")
-    micro, accumulation = shrink_micro_batch(15, 1)   # after an OOM: (5, 3), same samples per step
+    micro = shrink_micro_batch(15, per_rank=15)          # after an OOM: 5 (accumulation 3), same samples per step
 """
 from __future__ import annotations
 
@@ -59,20 +59,9 @@ def batch_geometry(global_batch_size: int, micro_batch_size: int, world_size: in
     return Geometry(micro, per_rank // micro, note)
 
 
-def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int = 1) -> int:
-    """Micro-batches per optimizer step on each rank; `micro_batch_size` must divide the rank's share exactly."""
-    per_rank = per_rank_batch(global_batch_size, world_size)
-    if per_rank % micro_batch_size:
-        raise UserError(
-            f"train.global_batch_size ({global_batch_size}) must be a multiple of train.micro_batch_size "
-            f"x world size ({micro_batch_size} x {world_size}); change one of them"
-        )
-    return per_rank // micro_batch_size
-
-
-def shrink_micro_batch(micro_batch_size: int, accumulation: int) -> tuple[int, int]:
-    """After an out-of-memory error: the largest divisor of this rank's share (micro x accumulation) that is at
-    most half the micro-batch, so the samples per step stay the same (15 -> 5, 16 -> 8, 7 -> 1).
+def shrink_micro_batch(micro_batch_size: int, per_rank: int) -> int:
+    """After an out-of-memory error: the largest divisor of this rank's share of the global batch that is at
+    most half the micro-batch, so the samples per step stay the same (15 -> 5 of 15, 16 -> 8, 7 -> 1 of 7).
 
     Raises JobFailed (exit 1) when the micro-batch is already 1.
     """
@@ -81,36 +70,33 @@ def shrink_micro_batch(micro_batch_size: int, accumulation: int) -> tuple[int, i
             "out of memory at micro-batch 1, which cannot shrink further; "
             "use a smaller model, train.precision=bf16, activation checkpointing, or a larger device"
         )
-    per_rank = micro_batch_size * accumulation
-    micro = largest_divisor_at_most(per_rank, micro_batch_size // 2)
-    return micro, per_rank // micro
-
-
-def fitting_micro_batch(micro_batch_size: int, global_batch_size: int, world_size: int) -> int:
-    """The largest micro-batch <= `micro_batch_size` that divides this world size's share of the global batch."""
-    return batch_geometry(global_batch_size, micro_batch_size, world_size).micro_batch_size
+    return largest_divisor_at_most(per_rank, micro_batch_size // 2)
 
 
 OOM_RESTART_FILE = "oom_restart.json"
 
 
-def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int) -> None:
-    """Under FSDP an out-of-memory error can strike while other ranks wait in a collective, so the ranks
-    cannot agree in place: record the smaller micro-batch and fail; torchrun restarts the whole group
-    (`--max-restarts`), which resumes from the last checkpoint with that micro-batch."""
-    write_text_atomic(run_dir / OOM_RESTART_FILE, json.dumps({"micro_batch_size": micro_batch_size, "step": step}))
+def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int, strategy: str) -> None:
+    """When the ranks cannot agree in place (an out-of-memory error under FSDP, whose forward has collectives,
+    or in DDP's communicating backward), record the micro-batch that failed and fail: torchrun restarts the
+    whole group (`--max-restarts`), which resumes from the last checkpoint with a smaller micro-batch
+    (`training.setup.resolve` shrinks it). A rank blocked in a collective is ended by torchrun, never left hanging."""
+    write_text_atomic(run_dir / OOM_RESTART_FILE, json.dumps({"failed_micro_batch_size": micro_batch_size, "step": step}))
     raise JobFailed(
-        f"out of memory at step {step} under FSDP: the worker group must restart with micro-batch "
-        f"{micro_batch_size} (torchrun does so with --max-restarts >= 1)"
+        f"out of memory at step {step} under {strategy} with micro-batch {micro_batch_size}: the worker group must "
+        f"restart with a smaller one (torchrun does so with --max-restarts >= 1)"
     )
 
 
-def read_oom_restart(run_dir: Path) -> Optional[int]:
-    """The micro-batch an FSDP group must restart with. The request is consumed by the next checkpoint, which
-    records that micro-batch itself (`checkpoint` deletes the file), so later resumes are not held to it."""
-    path = run_dir / OOM_RESTART_FILE
+def read_oom_restart(run_dir: Path) -> Optional[tuple[int, int]]:
+    """(micro-batch that failed, step) of a restart request, or None."""
     try:
-        micro = int(json.loads(path.read_text())["micro_batch_size"])
+        note = json.loads((run_dir / OOM_RESTART_FILE).read_text())
+        return int(note["failed_micro_batch_size"]), int(note["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return micro
+
+
+def clear_oom_restart(run_dir: Path) -> None:
+    """The request is consumed once read: a later resume is not held to it (its checkpoints record the size)."""
+    (run_dir / OOM_RESTART_FILE).unlink(missing_ok=True)

@@ -1,0 +1,85 @@
+"""One run from config to result: join the process group, build the data and the model, resolve the setup,
+fit it. `trainforge.train()` calls it after choosing the run directory and the checkpoint to resume;
+calibration and the benchmarks call it directly.
+
+    result = run(cfg, Path("runs/mine"))                              # a fresh run
+    result = run(cfg, run_dir, resume_from=run_dir / "checkpoints/step-000120")
+    result.setup      # the RunSetup it ran (training.setup), with the reason for every value
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+from trainforge.config import Config
+from trainforge.data import build_data
+from trainforge.data.summary import summarize
+from trainforge.distributed.data_parallel import broadcast_object, min_over_ranks
+from trainforge.distributed.env import DistEnv, distributed
+from trainforge.errors import UserError
+from trainforge.files import write_text_atomic
+from trainforge.models import build_model, is_convolutional
+from trainforge.planning.auto import MemoryBudget, device_budget
+from trainforge.training.checkpoint import load_state
+from trainforge.training.evaluate import check_metric
+from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
+from trainforge.training.microbatch import clear_oom_restart, read_oom_restart
+from trainforge.training.progress import announce_data
+from trainforge.training.rng import determinism, seed_everything
+from trainforge.training.setup import DataFacts, OOMNote, resolve
+from trainforge.training.signals import stop_on_signals
+
+
+def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
+    hooks = hooks or FitHooks()
+    tc, run_dir = cfg.train, Path(run_dir)
+    with contextlib.ExitStack() as stack:
+        env, device = stack.enter_context(distributed(tc.device))
+        stack.enter_context(determinism(tc.deterministic, tc.num_threads, device))
+        stop = stack.enter_context(stop_on_signals())
+        seed_everything(cfg.seed)  # the same initial weights on every rank (rank 0's are broadcast too)
+
+        data = build_data(cfg.data, seed=cfg.seed)
+        if cfg.model.pruned and hooks.build_model is None:
+            raise UserError("model.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; "
+                            "rerun the same compress command (same --out) to continue it")
+        model = hooks.build_model(data.info) if hooks.build_model else build_model(cfg.model, data.info)[0]
+        if tc.early_stopping is not None:
+            check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
+        facts = DataFacts(data.info, len(data.train), is_convolutional(model))
+        saved = load_state(resume_from) if resume_from is not None else None  # verified here, once
+        setup = resolve(cfg, env, device, facts, checkpoint=saved, oom=take_oom_note(run_dir, env),
+                        budget=agreed_budget(cfg, env, device))
+
+        # the run directory is created only once data, model and setup are known to be good; rank 0 writes.
+        # What cleaning dropped is said on the console then (bad input stays one line), not only in data_report.json
+        summary = summarize(data.report)
+        if env.is_main:
+            announce_data(summary)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
+            write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
+        inputs = RunInputs(cfg, run_dir, data, model, facts, stop, resume_from, summary.counts)
+        return fit(setup, inputs, hooks)
+
+
+def take_oom_note(run_dir: Path, env: DistEnv) -> Optional[OOMNote]:
+    """The out-of-memory restart request a failed group left (rank 0 reads it and every rank gets it), consumed:
+    the file is deleted once read, so a later resume is not held to it."""
+    note = read_oom_restart(run_dir) if env.is_main else None
+    note = broadcast_object(env, note)
+    if env.is_main and note is not None:
+        clear_oom_restart(run_dir)
+    return OOMNote(note[0], note[1], restarted=True) if note is not None else None
+
+
+def agreed_budget(cfg: Config, env: DistEnv, device) -> Optional[MemoryBudget]:
+    """`micro_batch_size: auto` on many processes: the smallest budget of any rank, so all pick the same size."""
+    if cfg.train.micro_batch_size != "auto" or not env.is_distributed:
+        return None
+    own = device_budget(cfg.train.memory_budget_bytes, device)
+    return replace(own, budget_bytes=int(min_over_ranks(env, device, own.budget_bytes)),
+                   source=f"{own.source}, the smallest of {env.world_size} processes")
