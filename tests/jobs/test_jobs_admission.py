@@ -65,6 +65,9 @@ def test_a_job_that_can_never_fit_is_rejected():
         admit(recipe="digits_cnn", recipe_yaml=None, overrides=[], num_gpus=1, slots=cpu_slots(memory_bytes=MiB))
     with pytest.raises(UserError, match="asks for 3 GPUs"):
         admit(recipe="digits_cnn", recipe_yaml=None, overrides=[], num_gpus=3, slots=cpu_slots(2))
+    with pytest.raises(UserError, match="larger than the training split"):  # even with max_steps: the job resolves it
+        admit(recipe="digits_cnn", recipe_yaml=None, overrides=["train.global_batch_size=4096", "train.max_steps=5"],
+              num_gpus=1, slots=cpu_slots())
     with pytest.raises(UserError, match="does not divide over 2 GPUs"):
         admit(recipe="digits_cnn", recipe_yaml=None, overrides=["train.global_batch_size=63", "train.micro_batch_size=1"],
               num_gpus=2, slots=cpu_slots(2))

@@ -26,7 +26,8 @@ from trainforge.jobs.service import Submission
 
 CLIENT = {"X-Trainforge-Client": "test"}
 PASSWD = "/etc/passwd"  # world-readable, and its first line is well known: root:x:0:0:...
-MLP_CSV = ["model.name=mlp", "model.args={}", "data.augment.rotation_deg=0", "data.augment.crop_scale=null"]
+MLP_CSV = ["model.name=mlp", "model.args={}", "data.augment.rotation_deg=0", "data.augment.crop_scale=null",
+           "train.global_batch_size=8"]  # the small tables' training splits hold 14 rows
 BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"l{i}: &l{i} [" + ",".join([f"*{'a' if i == 1 else f'l{i - 1}'}"] * 9) + "]\n" for i in range(1, 12))
 

@@ -65,7 +65,8 @@ def test_bad_input_exit_code_2_is_not_retried(service, tmp_path):
     csv.write_text("a,b,label\n" + "".join(f"{i % 7},{i % 3},{i % 2}\n" for i in range(80)))
     job = service.submit(Submission("digits_cnn", overrides=(*QUICK, "data.source=csv", f"data.path={csv}",
                                                               "model.name=mlp", "model.args={}",
-                                                              "data.augment.rotation_deg=0", "data.augment.crop_scale=null"),
+                                                              "data.augment.rotation_deg=0", "data.augment.crop_scale=null",
+                                                              "train.global_batch_size=8"),
                                   max_restarts=3))
     csv.unlink()  # the data disappears after the job was accepted: the trainer exits 2
     service.tick()
