@@ -1,7 +1,13 @@
 """Fixtures shared across test folders."""
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# Nothing downloads at test time: the Hugging Face libraries never ask the hub, here and in every process the
+# tests start (pretrained models are tiny ones the tests save locally).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 from postgres_server import Postgres, postgres_bin
 

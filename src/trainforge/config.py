@@ -95,10 +95,20 @@ class ModelConfig(Section):
     pruned: bool = False
 
 
+class ParamGroupConfig(Section):
+    """Parameters whose names match (a glob, or a regex after "re:") get their own LR and/or weight decay."""
+
+    match: str = Field(min_length=1, max_length=200)
+    lr: Optional[float] = Field(None, gt=0)  # scheduled like optim.lr: same warmup and decay, this peak
+    weight_decay: Optional[float] = Field(None, ge=0)  # replaces both optim.weight_decay and the no-decay rule
+
+
 class OptimConfig(Section):
     name: str = "adamw"
     lr: float = Field(1e-3, gt=0)
     weight_decay: float = Field(0.0, ge=0)
+    param_groups: list[ParamGroupConfig] = Field(default_factory=list, max_length=64)  # first match wins
+    layer_decay: Optional[float] = Field(None, gt=0, le=1)  # LR x decay^(depth from the top) per layer
     betas: tuple[float, float] = (0.9, 0.999)
     momentum: float = Field(0.9, ge=0, lt=1)  # sgd
     nesterov: bool = False  # sgd
@@ -137,6 +147,7 @@ class TrainConfig(Section):
     ema_decay: Optional[float] = Field(None, gt=0, lt=1)
     early_stopping: Optional[EarlyStoppingConfig] = None
     max_bad_steps: int = Field(5, gt=0, le=MAX_COUNT)  # non-finite losses in a row before the run stops
+    freeze: list[str] = Field(default_factory=list, max_length=64)  # parameter names (globs, or "re:<regex>")
     channels_last: Union[bool, Literal["auto"]] = "auto"  # auto: CNN inputs on CUDA
     log_every_steps: int = Field(10, gt=0, le=MAX_STEPS)
     num_threads: Optional[int] = Field(None, gt=0, le=MAX_COUNT)  # CPU intra-op threads

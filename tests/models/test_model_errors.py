@@ -29,7 +29,7 @@ def test_unknown_name_lists_valid_names():
         build_model(ModelConfig(name="transformr"), DIGITS)
     assert str(err.value) == (
         "model.name: unknown model 'transformr'; choose one of: "
-        "cnn, custom, gpt, hybrid, mlp, resnet, text_transformer, vit"
+        "cnn, custom, gpt, hf, hybrid, mlp, resnet, text_transformer, timm, vit"
     )
 
 
@@ -87,11 +87,11 @@ def test_vit_patch_must_divide_the_image():
 @pytest.mark.parametrize(
     ("name", "info", "fit"),
     [
-        ("gpt", DIGITS, "models that fit: cnn, custom, hybrid, mlp, resnet, vit"),
-        ("cnn", LM, "models that fit: custom, gpt"),
-        ("text_transformer", DIGITS, "models that fit: cnn, custom, hybrid, mlp, resnet, vit"),
-        ("vit", TEXT, "models that fit: custom, text_transformer"),
-        ("mlp", TEXT, "models that fit: custom, text_transformer"),
+        ("gpt", DIGITS, "models that fit: cnn, custom, hf, hybrid, mlp, resnet, timm, vit"),
+        ("cnn", LM, "models that fit: custom, gpt, hf"),
+        ("text_transformer", DIGITS, "models that fit: cnn, custom, hf, hybrid, mlp, resnet, timm, vit"),
+        ("vit", TEXT, "models that fit: custom, hf, text_transformer"),
+        ("mlp", TEXT, "models that fit: custom, hf, text_transformer"),
     ],
 )
 def test_model_data_mismatch_lists_models_that_fit(name, info, fit):
@@ -103,7 +103,7 @@ def test_model_data_mismatch_lists_models_that_fit(name, info, fit):
 def test_gpt_on_images_says_what_it_needs():
     assert fails("gpt", DIGITS) == (
         "model.name: gpt needs language modelling (task lm, int64 token inputs), but the data is image "
-        "classification with float32 inputs of shape 1x8x8; models that fit: cnn, custom, hybrid, mlp, resnet, vit"
+        "classification with float32 inputs of shape 1x8x8; models that fit: cnn, custom, hf, hybrid, mlp, resnet, timm, vit"
     )
 
 

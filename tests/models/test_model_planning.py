@@ -23,6 +23,10 @@ CASES = {
     "hybrid": (IMAGES, {}),
     "text_transformer": (TEXT, {}),
     "gpt": (LM, {}),
+    "hf": (LM, {"pretrained": False, "config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
+                                                 "num_hidden_layers": 2, "num_attention_heads": 4,
+                                                 "num_key_value_heads": 2, "vocab_size": 100}}),
+    "timm": (IMAGES, {"arch": "test_resnet"}),  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
 }
 
 

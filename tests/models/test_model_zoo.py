@@ -37,6 +37,10 @@ CASES: dict[str, tuple[DataInfo, dict]] = {
     "text_transformer": (TEXT, {}),
     "gpt": (LM, {}),
     "custom": (TABULAR, {"target": CUSTOM_TARGET, "args": {"hidden": 6}}),
+    "hf": (TEXT, {"args": {"pretrained": False, "config": {  # a transformers BERT from an inline config
+        "model_type": "bert", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "intermediate_size": 32, "max_position_embeddings": 32}}}),
+    "timm": (RGB32, {"args": {"arch": "test_resnet"}}),  # timm's tiny test architecture, random weights
 }
 
 
@@ -170,10 +174,10 @@ def test_is_convolutional():
 
 
 def test_models_that_fit():
-    assert models_that_fit(DIGITS) == ["cnn", "custom", "hybrid", "mlp", "resnet", "vit"]
+    assert models_that_fit(DIGITS) == ["cnn", "custom", "hf", "hybrid", "mlp", "resnet", "timm", "vit"]
     assert models_that_fit(TABULAR) == ["custom", "mlp"]
-    assert models_that_fit(TEXT) == ["custom", "text_transformer"]
-    assert models_that_fit(LM) == ["custom", "gpt"]
+    assert models_that_fit(TEXT) == ["custom", "hf", "text_transformer"]
+    assert models_that_fit(LM) == ["custom", "gpt", "hf"]
 
 
 def test_custom_factory_may_return_its_own_spec(tmp_path, monkeypatch):

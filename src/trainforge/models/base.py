@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,10 @@ class InputSpec:
         else:
             x = torch.randint(0, self.high or 2, (batch_size, *self.shape), generator=g, dtype=self.dtype)
         return x.to(device)
+
+
+def materializing() -> bool:
+    """Are tensors made now real? False on the meta device or under fake tensors (the planner, the launcher's
+    checks): a pretrained family then builds its architecture and reads no weights."""
+    probe = torch.empty(0)
+    return probe.device.type != "meta" and not isinstance(probe, FakeTensor)

@@ -72,7 +72,7 @@ class Planner:
         self.cache = SimCache(lambda key, b: simulate_step(
             cfg.model, cfg.optim, info, micro_batch_size=b, precision=key.precision, strategy=key.strategy,
             world_size=key.world_size, activation_checkpointing=key.activation_checkpointing,
-            label_smoothing=cfg.train.label_smoothing,
+            label_smoothing=cfg.train.label_smoothing, freeze_patterns=cfg.train.freeze,
         ))
         self._kernels: dict[str, int] = {}
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,7 @@ from trainforge.errors import UserError
 from trainforge.models import build_model
 from trainforge.planning.flops import count_flops
 from trainforge.training.losses import task_loss
-from trainforge.training.optim import build_optimizer
+from trainforge.training.optim import build_optimizer, freeze
 from trainforge.training.precision import DTYPES, autocast
 
 STRATEGIES = ("none", "ddp", "fsdp")
@@ -118,17 +118,21 @@ def simulate_step(
     world_size: int = 1,
     activation_checkpointing: bool = False,
     label_smoothing: float = 0.0,
+    freeze_patterns: Sequence[str] = (),
 ) -> Simulation:
     """Simulate two training iterations of `model_cfg` on fake tensors; see the module docstring.
 
     `strategy` "ddp" simulates one full replica (what each rank holds); "fsdp" one rank of
-    `world_size` with each repeated block and the root sharded (FSDP2). Callable repeatedly.
+    `world_size` with each repeated block and the root sharded (FSDP2). `freeze_patterns` (`train.freeze`)
+    are frozen as training freezes them: no gradients, no optimizer state. Callable repeatedly.
     """
     _check(micro_batch_size, precision, strategy, world_size)
     # the device mesh reads its rank table, so it is made before fake mode starts
     with _process_group(strategy, world_size) as mesh, FakeTensorMode():
         model, spec = build_model(model_cfg, info)
         param_count, full_param_bytes = _param_stats(model)
+        if freeze_patterns:
+            _freeze_as_buffers(model, freeze_patterns)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
         x, y = spec.example(micro_batch_size), _targets(info, micro_batch_size)
@@ -365,3 +369,16 @@ def _breakdown(device_snapshot: dict[str, int]) -> dict[str, int]:
         out.pop("other", None)
     assert sum(out.values()) == device_snapshot["Total"], (out, device_snapshot)
     return out
+
+
+def _freeze_as_buffers(model: nn.Module, patterns: Sequence[str]) -> None:
+    """Freeze as training does (`training.optim.freeze`: same patterns, same errors), then hold each frozen
+    parameter as a buffer: MemTracker installs a gradient hook on every parameter and fails on one without
+    gradient. A frozen weight costs what a buffer costs (memory, no gradient, no optimizer state), so the
+    peak is the same; the breakdown counts it under buffers."""
+    freeze(model, patterns)
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not param.requires_grad:
+                delattr(module, name)
+                module.register_buffer(name, param.detach(), persistent=False)

@@ -14,7 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -81,11 +81,14 @@ def save_final_model(
     step: int,
     metrics: Optional[dict[str, Any]] = None,
     ran: Optional[dict[str, Any]] = None,
+    native: Optional[tuple[str, Callable[[Path], None]]] = None,
 ) -> Path:
     """Write final/ atomically (temp dir, rename), replacing a previous final/.
 
     `step` and `metrics` are those of the weights saved (the best evaluation under early stopping); `ran`
-    records the batch geometry that actually ran (config.yaml keeps what was asked for)."""
+    records the batch geometry that actually ran (config.yaml keeps what was asked for). `native`: (folder,
+    write) for a model with a format of its own (an `hf` model's save_pretrained into final/hf/), written
+    into the folder before final/ is sealed, with a manifest of its own."""
     final = run_dir / "final"
     tmp = run_dir / f".tmp-final-{os.getpid()}"
     if tmp.exists():
@@ -103,6 +106,10 @@ def save_final_model(
         "config_yaml": config.to_yaml(),
     }
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
+    if native is not None:
+        folder, write = native
+        write(tmp / folder)
+        write_manifest(tmp / folder)
     write_manifest(tmp)
     if final.exists():
         old = run_dir / f".old-final-{os.getpid()}"

@@ -346,8 +346,9 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
     if state.best:  # the weights are those of the best evaluation: so are the step and metrics recorded
         final_step, final_val = state.stopper.best_step or state.step, state.stopper.best_metrics or state.val
     ran = {**setup.to_json(), "steps_trained": state.step}
+    native = getattr(model, "save_native", None)  # a family's own format too (hf: final/hf/, save_pretrained)
     save_final_model(run_dir, model.state_dict(), inputs.cfg, info, inputs.data.preprocess, final_step,
-                     metrics=final_val, ran=ran)
+                     metrics=final_val, ran=ran, native=(model.native_folder, native) if native else None)
     test_loader = make_eval_loader(inputs.data.test, batch_size=max(setup.micro_batch_size, 64), num_workers=0,
                                    pin_memory=setup.pin_memory)
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)

@@ -27,7 +27,8 @@ from trainforge.training.checkpoint import load_state
 from trainforge.training.evaluate import check_metric
 from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
 from trainforge.training.microbatch import clear_oom_restart, read_oom_restart
-from trainforge.training.progress import announce_data
+from trainforge.training.optim import freeze
+from trainforge.training.progress import announce_data, console
 from trainforge.training.rng import determinism, seed_everything
 from trainforge.training.setup import DataFacts, OOMNote, resolve
 from trainforge.training.signals import stop_on_signals
@@ -47,6 +48,7 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             raise UserError("model.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; "
                             "rerun the same compress command (same --out) to continue it")
         model = hooks.build_model(data.info) if hooks.build_model else build_model(cfg.model, data.info)[0]
+        frozen, total = freeze(model, tc.freeze) if tc.freeze else (0, 0)  # before any wrapping or optimizer
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
         facts = DataFacts(data.info, len(data.train), is_convolutional(model))
@@ -59,6 +61,9 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         summary = summarize(data.report)
         if env.is_main:
             announce_data(summary)
+            if frozen:
+                console.print(f"train.freeze: {frozen:,} of {total:,} parameters frozen ({frozen / total:.1%}); "
+                              f"{total - frozen:,} trained", highlight=False, soft_wrap=True)
             run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
             write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
