@@ -1,23 +1,31 @@
-"""`resnet`: a CIFAR-style ResNet (depth 6n+2) or a torchvision ImageNet ResNet, always untrained.
+"""`resnet`: a CIFAR-style ResNet (depth 6n+2) or a torchvision ImageNet ResNet, untrained or pretrained.
 
-    model: {name: resnet, args: {depth: 20, width: 1}}      # CIFAR ResNet-20, widths 16/32/64
-    model: {name: resnet, args: {arch: resnet18}}           # torchvision.models.resnet18(weights=None)
+    model: {name: resnet, args: {depth: 20, width: 1}}                    # CIFAR ResNet-20, widths 16/32/64
+    model: {name: resnet, args: {arch: resnet18}}                         # torchvision resnet18, random weights
+    model: {name: resnet, args: {arch: resnet50, weights: DEFAULT}}       # torchvision's best ImageNet weights
+    model: {name: resnet, args: {arch: resnet50, weights: IMAGENET1K_V1}} # a named set of them
+    model: {name: resnet, args: {arch: resnet50, weights: /data/r50.pth}} # a state dict on disk
 
-The torchvision architectures get their first conv rebuilt for the data's channel count; no
-weights are ever downloaded.
+Named weights come from torch's hub cache (~/.cache/torch/hub/checkpoints, or $TORCH_HOME), else are
+downloaded when the network allows; neither is one line saying how to fetch them. The classifier is sized
+to the data's classes (a pretrained one of another size is trained anew) and the first conv to its channels
+(pretrained RGB filters summed for one channel, repeated for more). On the meta device or under fake
+tensors (the planner), no weights are read.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 import torchvision
+from safetensors.torch import load_file
 from torch import nn
 
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.models import args as check
-from trainforge.models.base import InputSpec
+from trainforge.models.base import InputSpec, materializing
 from trainforge.models.zoo import IMAGE_CLASSIFICATION, input_spec, register_model
 
 ARCHS: dict[str, Callable[..., torchvision.models.ResNet]] = {
@@ -73,25 +81,88 @@ class CifarResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.layers(self.stem(x))), 1))
 
 
-def torchvision_resnet(arch: str, in_channels: int, num_classes: int) -> nn.Module:
+def torchvision_resnet(arch: str, in_channels: int, num_classes: int, weights: Optional[str] = None) -> nn.Module:
     model = ARCHS[arch](weights=None, num_classes=num_classes)
     if in_channels != model.conv1.in_channels:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
         nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+    if weights is not None and materializing():
+        load_pretrained(model, pretrained_state(arch, weights), in_channels)
     return model
+
+
+def pretrained_state(arch: str, weights: str) -> dict[str, torch.Tensor]:
+    """The state dict `weights` names: a file, or one of torchvision's weight sets (DEFAULT, IMAGENET1K_V1...)."""
+    path = Path(weights).expanduser()
+    if path.suffix in (".pth", ".pt", ".bin", ".safetensors") or path.exists():
+        if not path.is_file():
+            raise UserError(f"model.args.weights: {path} is not a file; point it at a state dict of {arch} "
+                            "or name torchvision weights (DEFAULT, IMAGENET1K_V1, ...)")
+        try:
+            state = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu",
+                                                                                            weights_only=True)
+        except Exception as e:  # noqa: BLE001 - unpickling and zip errors share no narrower base
+            raise UserError(f"model.args.weights: {path} is not a readable state dict ({type(e).__name__})") from None
+        return state.get("state_dict", state) if isinstance(state, dict) else {}
+    enum = torchvision.models.get_model_weights(arch)
+    names = [w.name for w in enum]
+    if weights != "DEFAULT" and weights not in names:
+        raise UserError(f"model.args.weights: {weights!r} is not a weight set of {arch}; choose DEFAULT, "
+                        f"{', '.join(names)} or a path to a state dict")
+    chosen = enum.DEFAULT if weights == "DEFAULT" else enum[weights]
+    try:
+        return chosen.get_state_dict(progress=False, check_hash=True)
+    except (OSError, RuntimeError) as e:  # no network: URLError is an OSError
+        cache = Path(torch.hub.get_dir()) / "checkpoints"
+        raise UserError(f"model.args.weights: torchvision's {arch} {chosen.name} weights are not in {cache} and "
+                        f"could not be downloaded ({str(e).strip().splitlines()[0][:100] or type(e).__name__}); "
+                        f"copy {chosen.url.rsplit('/', 1)[-1]} there from a machine with network, or point "
+                        "model.args.weights at the file") from None
+
+
+def load_pretrained(model: nn.Module, state: dict[str, torch.Tensor], in_channels: int) -> None:
+    """Load a pretrained state into `model`, fitting the first conv to `in_channels` and leaving out a classifier
+    of another size; a state of another architecture is one line."""
+    own = model.state_dict()
+    stem = state.get("conv1.weight")
+    if stem is not None and stem.shape[1] != in_channels:
+        state = {**state, "conv1.weight": _adapt_channels(stem, in_channels)}
+    fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    body = [k for k in own if not k.startswith("fc.")]
+    missing = [k for k in body if k not in fitting]
+    extra = [k for k in state if k not in own and not k.startswith("fc.")]
+    if missing or extra:
+        example = missing[0] if missing else extra[0]
+        raise UserError(f"model.args.weights: the state dict does not fit this ResNet ({len(missing)} of {len(body)} "
+                        f"tensors missing or of another shape, {len(extra)} extra, e.g. {example}); use weights "
+                        "of the same arch")
+    model.load_state_dict(fitting, strict=False)
+
+
+def _adapt_channels(weight: torch.Tensor, channels: int) -> torch.Tensor:
+    """RGB filters for `channels` inputs: summed for 1 (a gray image excites them as before), else repeated and
+    scaled so that the response keeps its size (as timm does)."""
+    if channels == 1:
+        return weight.sum(dim=1, keepdim=True)
+    repeat = -(-channels // weight.shape[1])
+    return weight.repeat(1, repeat, 1, 1)[:, :channels] * (weight.shape[1] / channels)
 
 
 @register_model("resnet", fits=IMAGE_CLASSIFICATION)
 def build_resnet(
-    info: DataInfo, depth: Optional[int] = None, width: float = 1, arch: Optional[str] = None
+    info: DataInfo, depth: Optional[int] = None, width: float = 1, arch: Optional[str] = None,
+    weights: Optional[str] = None,
 ) -> tuple[nn.Module, InputSpec]:
     c = info.input_shape[0]
+    if weights is not None and arch is None:
+        raise UserError("model.args.weights: pretrained weights exist for the torchvision ResNets; set "
+                        f"model.args.arch to one of {', '.join(ARCHS)}")
     if arch is not None:
         arch = check.choice("arch", arch, list(ARCHS))
         if depth is not None or width != 1:
             key = "depth" if depth is not None else "width"
             raise UserError(f"model.args.{key}: only for the CIFAR ResNet; remove it or remove model.args.arch")
-        return torchvision_resnet(arch, c, info.num_classes), input_spec(info)
+        return torchvision_resnet(arch, c, info.num_classes, None if weights is None else str(weights)), input_spec(info)
     depth = check.positive_int("depth", DEFAULT_DEPTH if depth is None else depth)
     if depth < 8 or (depth - 2) % 6:
         raise UserError(
