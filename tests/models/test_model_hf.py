@@ -136,3 +136,16 @@ def test_a_frozen_encoder_stays_as_pretrained_and_costs_the_planner_no_gradients
     free = simulate_step(text_cfg(f"model.args={{pretrained: {saved_bert}}}").model, cfg.optim, info, micro_batch_size=2)
     held = simulate_step(cfg.model, cfg.optim, info, micro_batch_size=2, freeze_patterns=cfg.train.freeze)
     assert held.breakdown["optimizer_state"] < free.breakdown["optimizer_state"]
+
+
+def test_a_fine_tuning_run_resumes_bit_for_bit(tmp_path, saved_bert):
+    steady = ["schedule.name=constant", f"model.args={{pretrained: {saved_bert}}}"]
+    whole = trainforge.train(text_cfg(*steady, "train.max_steps=4"), run_dir=tmp_path / "whole")
+    trainforge.train(text_cfg(*steady, "train.max_steps=2"), run_dir=tmp_path / "split")
+    resumed = trainforge.train(text_cfg(*steady, "train.max_steps=4"), run_dir=tmp_path / "split", resume="auto")
+    assert resumed.steps == 4
+    from safetensors.torch import load_file
+
+    a = load_file(str(whole.run_dir / "final" / "model.safetensors"))
+    b = load_file(str(resumed.run_dir / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
