@@ -57,6 +57,23 @@ class CleanConfig(Section):
     drop_nonfinite: bool = True  # drop rows with NaN/inf features
 
 
+class TokenizerArgsConfig(Section):
+    """Settings of `data.tokenizer: bpe` (a byte-level BPE trained on the training split with `tokenizers`)."""
+
+    vocab_size: int = Field(8000, ge=300, le=1_000_000)  # including the 4 special tokens; >= the 256 bytes
+    min_frequency: int = Field(2, ge=1, le=MAX_COUNT)  # a merge must occur this often in the training split
+
+
+class FromModelConfig(Section):
+    """Whose tokenizer (`data.tokenizer: model`) or preprocessing (`data.normalize: model`) the data uses.
+    Filled from the model section when left out: hf -> model.args.pretrained (or a config id/dir), timm ->
+    model.args.arch, the zoo's resnet with torchvision weights -> model.args.arch and model.args.weights."""
+
+    family: Literal["hf", "timm", "torchvision"]
+    source: str = Field(min_length=1, max_length=1000)  # hf: hub id or directory; timm/torchvision: arch name
+    weights: Optional[str] = Field(None, max_length=1000)  # torchvision: the weight set (DEFAULT, IMAGENET1K_V1)
+
+
 class DataConfig(Section):
     source: str = "digits"
     path: Optional[str] = None  # file or folder for imagefolder/csv/jsonl/textfile
@@ -65,7 +82,13 @@ class DataConfig(Section):
     download: bool = False  # torchvision datasets only; never implicit
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.2, ge=0, lt=1)
-    normalize: Literal["zscore", "minmax", "none"] = "zscore"
+    # model: resized, cropped and normalized as the pretrained model expects (data.from_model)
+    normalize: Literal["zscore", "minmax", "none", "model"] = "zscore"
+    # text: None = the source's own (bytes for jsonl, raw_bytes for textfile); model = data.from_model's
+    # tokenizer (AutoTokenizer); bpe = trained on the training split, stored with the run
+    tokenizer: Optional[Literal["bytes", "raw_bytes", "model", "bpe"]] = None
+    tokenizer_args: TokenizerArgsConfig = Field(default_factory=TokenizerArgsConfig)
+    from_model: Optional[FromModelConfig] = None
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
     num_workers: Union[int, Literal["auto"]] = "auto"
@@ -199,8 +222,37 @@ class Config(Section):
             raise ValueError(f"must be a plain name usable in a folder name (at most 100 bytes), got {quote(v)}")
         return v
 
+    @model_validator(mode="after")
+    def _data_from_model(self) -> "Config":
+        """`data.tokenizer: model` / `data.normalize: model` without data.from_model: the model section says
+        which pretrained model it is (the data stage sees only data.*, so the recipe wires it here)."""
+        wanted = self.data.tokenizer == "model" or self.data.normalize == "model"
+        if wanted and self.data.from_model is None:
+            self.data.from_model = model_source(self.model)
+        return self
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+
+
+def model_source(model: ModelConfig) -> FromModelConfig:
+    """The pretrained model a model section names, for its tokenizer or preprocessing."""
+    args = model.args
+    if model.name == "hf":
+        source = args.get("pretrained") or args.get("config")
+        if isinstance(source, str) and source:
+            return FromModelConfig(family="hf", source=source)
+    elif model.name == "timm" and isinstance(args.get("arch"), str):
+        return FromModelConfig(family="timm", source=args["arch"])
+    elif model.name == "resnet" and isinstance(args.get("arch"), str):
+        weights = args.get("weights")
+        named = isinstance(weights, str) and weights.replace("_", "").isalnum()  # DEFAULT, IMAGENET1K_V2; not a path
+        return FromModelConfig(family="torchvision", source=args["arch"], weights=weights if named else "DEFAULT")
+    raise ValueError(
+        "data.tokenizer/data.normalize 'model' needs a pretrained model to take them from: model.name hf with "
+        "model.args.pretrained (or a config id or directory), timm with model.args.arch, or resnet with "
+        "model.args.arch; or set data.from_model {family, source}"
+    )
 
 
 # ---------------------------------------------------------------- loading

@@ -69,7 +69,7 @@ def test_a_model_that_is_nowhere_is_one_line_naming_it(info, tmp_path):
                                         r"Hugging Face cache.*HF_HUB_OFFLINE.*hf download no-such-org/no-such-model"):
         build_model(text_cfg("model.args={pretrained: no-such-org/no-such-model}").model, info)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match="is not a transformers model directory"):
+    with pytest.raises(UserError, match="holds no transformers config"):
         build_model(text_cfg(f"model.args={{pretrained: {tmp_path / 'empty'}}}").model, info)
     with pytest.raises(UserError, match="model.args.config: required with model.args.pretrained: false"):
         build_model(text_cfg("model.args={pretrained: false}").model, info)

@@ -112,7 +112,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         log(f"continuing the unfinished compression in {out_dir}")
 
     cfg, info = trained.config, trained.info
-    test, calibration = load_splits(cfg, options.calibration_samples)
+    test, calibration = load_splits(cfg, options.calibration_samples, trained.preprocess)
     model = trained.build_model().eval()
     example = torch.from_numpy(test.inputs[:2])
     teacher_logits = torch_logits(model, test.inputs)
@@ -212,9 +212,10 @@ def add_comparisons(variants: list[dict[str, Any]]) -> None:
             v["accuracy_delta_pt"] = 100.0 * (v["accuracy"] - base["accuracy"])
 
 
-def load_splits(cfg: Any, calibration_samples: int) -> tuple[Split, Split]:
-    """The test split, and a seeded random subset of the unaugmented train split for calibration."""
-    data = build_data(cfg.data, seed=cfg.seed)
+def load_splits(cfg: Any, calibration_samples: int, stored: dict[str, Any]) -> tuple[Split, Split]:
+    """The test split, and a seeded random subset of the unaugmented train split for calibration; tokenized by
+    the run's stored tokenizer."""
+    data = build_data(cfg.data, seed=cfg.seed, stored=stored)
     test = to_arrays(data.test, range(len(data.test)))
     order = np.random.default_rng(cfg.seed).permutation(len(data.train))[:calibration_samples]
     return test, to_arrays(data.train, order)

@@ -35,7 +35,9 @@ Sample = tuple[str, np.ndarray]  # (the input as the user knows it, one sample w
 Reader = Callable[[Sequence[str]], Iterator[Sample]]
 
 READERS: Registry[Callable[..., Reader]] = Registry("modality", "modality")
-TOKENIZERS: Registry[Callable[[str, int], list[int]]] = Registry("tokenizer", "preprocess.tokenizer")
+# preprocess.tokenizer -> (the preprocessing record, seq_len) -> a line's token ids
+TOKENIZERS: Registry[Callable[[dict[str, Any], int], Callable[[str], list[int]]]] = Registry(
+    "tokenizer", "preprocess.tokenizer")
 
 
 # ---- normalization: the numpy twin of trainforge.data.normalize.Normalizer --------------------------
@@ -166,22 +168,38 @@ def image_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] 
 
 
 @TOKENIZERS.register("bytes")
-def bytes_tokens(line: str, seq_len: int) -> list[int]:
+def bytes_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[int]]:
     from trainforge.data.text import encode  # torch-free; the jsonl source's tokenizer
 
-    return encode(line, seq_len)
+    return lambda line: encode(line, seq_len)
 
 
 @TOKENIZERS.register("none")
-def integer_tokens(line: str, seq_len: int) -> list[int]:
+def integer_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[int]]:
     """The line is the token ids themselves, space separated (synthetic_text); there is no padding id."""
-    try:
-        ids = [int(tok) for tok in line.split()]
-    except ValueError:
-        raise ValueError("expected space-separated integer token ids") from None
-    if len(ids) != seq_len:
-        raise ValueError(f"{len(ids)} token ids; the model takes exactly {seq_len}")
-    return ids
+
+    def tokenize(line: str) -> list[int]:
+        try:
+            ids = [int(tok) for tok in line.split()]
+        except ValueError:
+            raise ValueError("expected space-separated integer token ids") from None
+        if len(ids) != seq_len:
+            raise ValueError(f"{len(ids)} token ids; the model takes exactly {seq_len}")
+        return ids
+
+    return tokenize
+
+
+@TOKENIZERS.register("model")
+@TOKENIZERS.register("bpe")
+def stored_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[int]]:
+    """The run's own subword tokenizer, from the files stored in its metadata (the `tokenizers` library only)."""
+    from trainforge.data.tokenizer import TextTokenizer, is_stored  # tokenizers + numpy, no torch
+
+    if not is_stored(pre):
+        raise ValueError("its metadata lacks the tokenizer's files")
+    tok = TextTokenizer.from_preprocess(pre)
+    return lambda line: tok.encode_fixed([line], seq_len)[0].tolist()
 
 
 @READERS.register("text")
@@ -195,7 +213,10 @@ def text_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] =
             f"{artifact}: tokenizer {name!r} in its metadata cannot serve classification; "
             f"predict knows: {', '.join(TOKENIZERS.names())}"
         )
-    tokenize = TOKENIZERS.get(name)
+    try:
+        tokenize = TOKENIZERS.get(name)(pre, seq_len)
+    except (ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{artifact}: its {name} tokenizer cannot be read ({e}); re-export it") from None
     vocab_size = int(pre.get("vocab_size") or 0)
 
     def read(inputs: Sequence[str]) -> Iterator[Sample]:
@@ -204,7 +225,7 @@ def text_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] =
             for line_no, line in text_lines(read_bytes(source, stdin)):
                 where = f"INPUT: {display_name(source)} line {line_no}"
                 try:
-                    ids = np.asarray(tokenize(line, seq_len), dtype=np.int64)
+                    ids = np.asarray(tokenize(line), dtype=np.int64)
                 except ValueError as e:
                     raise UserError(f"{where}: {e}; fix or remove that line") from None
                 if vocab_size and ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):

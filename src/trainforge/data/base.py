@@ -26,6 +26,7 @@ class DataInfo:
     class_names: tuple[str, ...] = ()
     vocab_size: Optional[int] = None  # token inputs only
     seq_len: Optional[int] = None  # token inputs only
+    pad_id: Optional[int] = None  # the padding id of fixed-length token inputs (models mask it out)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from trainforge.config import CleanConfig
-from trainforge.data.pool import DropLog, Pool, TensorSamples
+from trainforge.data.pool import DropLog, Pool, TensorSamples, TextSamples
 
 
 def first_occurrences(hashes: Iterable[bytes]) -> np.ndarray:
@@ -62,3 +62,21 @@ def _drop(log: DropLog, reason: str, samples: TensorSamples, keep: np.ndarray, o
     for i in np.flatnonzero(keep & ~ok):
         log.drop(reason, samples.ids[i])
     keep &= ok
+
+
+def clean_text_pool(pool: Pool, cfg: CleanConfig) -> Pool:
+    """Drop exact duplicate texts (keeping the first), per `cfg`; before tokenization, so before the split."""
+    samples = pool.samples
+    assert isinstance(samples, TextSamples)
+    if not cfg.dedup:
+        return pool
+    keep = first_occurrences(hashlib.sha256(t.encode("utf-8")).digest() for t in samples.texts)
+    for i in np.flatnonzero(~keep):
+        pool.drops.drop("duplicate", samples.ids[i])
+    if keep.all():
+        return pool
+    idx = np.flatnonzero(keep)
+    pool.samples = samples.subset(idx)
+    if pool.labels is not None:
+        pool.labels = pool.labels[idx]
+    return pool

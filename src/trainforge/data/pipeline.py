@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator, Union
+from dataclasses import replace
+from typing import Any, Callable, Iterable, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -17,19 +18,21 @@ from trainforge.data.augment import (
     text_ops_set,
 )
 from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.clean import clean_tensor_pool
+from trainforge.data.clean import clean_tensor_pool, clean_text_pool
 from trainforge.data.datasets import EvalDataset, TrainDataset
 from trainforge.data.normalize import Normalizer, fit_normalizer, identity
-from trainforge.data.pool import Pool, TensorSamples
+from trainforge.data.pool import Pool, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
+from trainforge.data.sources.textfile import ByteWindows
 from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
+from trainforge.data.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
 from trainforge.errors import UserError
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples
 STATS_CHUNK = 256
 
 
-def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
+def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] = None) -> DataBundle:
     """Build the train/val/test datasets described by `cfg` (the `data` section of a recipe).
 
         bundle = build_data(cfg.data, seed=cfg.seed)
@@ -37,6 +40,8 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
         x, y = bundle.val[index]                # normalized only
         json.dump(bundle.report, f)             # -> data_report.json
 
+    `stored`: the preprocessing record of a trained model or checkpoint (eval, compress, resume): its tokenizer
+    is used as it is, never loaded or trained anew.
     Raises UserError for any problem with the config, the files or the data.
     """
     result = SOURCES.get(cfg.source)(cfg, seed=seed)
@@ -45,6 +50,11 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
     pool = result
     if isinstance(pool.samples, TensorSamples):
         pool = clean_tensor_pool(pool, cfg.clean)
+    elif isinstance(pool.samples, TextSamples):
+        pool = clean_text_pool(pool, cfg.clean)
+    elif isinstance(pool.samples, TextCorpus):  # the windows exist only once the corpus is tokenized
+        corpus = pool.samples
+        pool = tokenize_corpus(pool, choose_tokenizer(cfg, lambda: train_prefix(corpus, cfg), stored))
     if len(pool.samples) == 0:
         raise UserError(
             f"data: no usable samples left from data.source={cfg.source!r} "
@@ -52,6 +62,9 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
             public=True,
         )
     splits, method = split_pool(pool, cfg, seed)
+    if isinstance(pool.samples, TextSamples):  # the tokenizer is fitted on the train split only, like normalization
+        texts = pool.samples.texts
+        pool = tokenize_texts(pool, choose_tokenizer(cfg, lambda: [texts[i] for i in splits["train"]], stored))
     info = pool.info
     scaled = info.modality in ("image", "tabular")
     normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
@@ -73,6 +86,68 @@ def build_data(cfg: DataConfig, *, seed: int) -> DataBundle:
         preprocess=preprocess,
         report=data_report(cfg.source, pool, splits, method, normalizer),
     )
+
+
+def choose_tokenizer(cfg: DataConfig, train_texts: Callable[[], Iterable[str]],
+                     stored: Optional[dict[str, Any]]) -> TextTokenizer:
+    """The stored tokenizer when there is one, else data.tokenizer's: the model's, or a BPE trained on the train
+    split (`train_texts` is called only then)."""
+    if is_stored(stored):
+        return TextTokenizer.from_preprocess(stored)
+    if cfg.tokenizer == "model":
+        assert cfg.from_model is not None  # Config fills it from the model section
+        if cfg.from_model.family != "hf":
+            raise UserError(f"data.tokenizer: model needs a transformers model; data.from_model is a "
+                            f"{cfg.from_model.family} model (images); use bpe or bytes", public=True)
+        return pretrained_tokenizer(cfg.from_model.source, "data.from_model.source")
+    a = cfg.tokenizer_args
+    return train_bpe(train_texts(), vocab_size=a.vocab_size, min_frequency=a.min_frequency)
+
+
+def train_prefix(corpus: TextCorpus, cfg: DataConfig) -> list[str]:
+    """The corpus' leading (1 - val - test) share of characters: the text the contiguous split trains on."""
+    total = sum(len(d) for d in corpus.documents)
+    budget = int(total * (1 - cfg.val_fraction - cfg.test_fraction))
+    out = []
+    for doc in corpus.documents:
+        if budget <= 0:
+            break
+        out.append(doc[:budget])
+        budget -= len(doc)
+    return out
+
+
+def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
+    """TextSamples -> TensorSamples of (seq_len,) token ids; info gets the tokenizer's vocabulary and padding."""
+    samples = pool.samples
+    assert isinstance(samples, TextSamples)
+    x = torch.from_numpy(tok.encode_fixed(samples.texts, samples.seq_len))
+    full = int((x[:, -1] != tok.pad_id).sum())  # the last position holds a token: (at least) filled, likely cut
+    pool.samples = TensorSamples(x, samples.y, samples.ids)
+    pool.info = replace(pool.info, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
+    pool.preprocess = {**pool.preprocess, **tok.to_preprocess()}
+    pool.notes = {**pool.notes, "tokenizer": tokenizer_note(tok, {"texts_filling_seq_len": full})}
+    return pool
+
+
+def tokenize_corpus(pool: Pool, tok: TextTokenizer) -> Pool:
+    corpus = pool.samples
+    assert isinstance(corpus, TextCorpus)
+    ids = torch.from_numpy(tok.encode_stream(corpus.documents))
+    windows = ByteWindows(ids, corpus.block_size)
+    if len(windows) == 0:
+        raise UserError(f"data.path: the corpus has {len(ids)} tokens, less than one window of data.args.block_size "
+                        f"+ 1 = {corpus.block_size + 1}; lower data.args.block_size or add text", public=True)
+    vocab = tok.vocab_size
+    pool.samples, pool.rows_read = windows, len(windows)
+    pool.info = replace(pool.info, num_classes=vocab, vocab_size=vocab)
+    pool.preprocess = {**pool.preprocess, **tok.to_preprocess()}
+    pool.notes = {**pool.notes, "tokenizer": tokenizer_note(tok, {"corpus_tokens": len(ids)})}
+    return pool
+
+
+def tokenizer_note(tok: TextTokenizer, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": tok.kind, "origin": tok.origin, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, **extra}
 
 
 def choose_augment(

@@ -43,6 +43,39 @@ class TensorSamples:
         return TensorSamples(self.x[keep_t], self.y[keep_t], [self.ids[i] for i in keep])
 
 
+class TextSamples:
+    """Texts with their labels before tokenization (`data.tokenizer: model | bpe`): the pipeline splits them,
+    fits the tokenizer on the train part, and turns them into `TensorSamples` of token ids."""
+
+    def __init__(self, texts: list[str], y: torch.Tensor, ids: list[str], seq_len: int) -> None:
+        assert len(texts) == len(y) == len(ids), (len(texts), len(y), len(ids))
+        self.texts, self.y, self.ids, self.seq_len = texts, y, ids, seq_len
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise TypeError("TextSamples are tokenized by the pipeline before they are read")
+
+    def subset(self, keep: np.ndarray) -> "TextSamples":
+        return TextSamples([self.texts[i] for i in keep], self.y[torch.as_tensor(keep, dtype=torch.long)],
+                           [self.ids[i] for i in keep], self.seq_len)
+
+
+class TextCorpus:
+    """A language-modelling corpus before tokenization (`data.tokenizer: model | bpe`): its documents (one per
+    file) in order; the pipeline tokenizes them into one stream and cuts `block_size + 1` windows."""
+
+    def __init__(self, documents: list[str], block_size: int) -> None:
+        self.documents, self.block_size = documents, block_size
+
+    def __len__(self) -> int:
+        return len(self.documents)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise TypeError("a TextCorpus is tokenized by the pipeline before it is read")
+
+
 class DropLog:
     """Counts dropped samples by reason and keeps the first few identifiers of each."""
 

@@ -24,7 +24,6 @@ classification the attention mask marks the padding id (the data's: 0 for the by
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -33,9 +32,11 @@ from torch import nn
 
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
+from trainforge.hub import from_hub
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.zoo import DataFit, input_spec, register_model
 
+FIELD = "model.args.pretrained"
 NATIVE_FOLDER = "hf"  # final/hf/: save_pretrained, loadable by transformers in any other project
 
 HF_DATA = DataFit(
@@ -73,7 +74,7 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
        pad_token_id: Optional[int] = None) -> tuple[nn.Module, InputSpec]:
     """pretrained: a hub id or a local directory, or false; config (with pretrained false): an id, a directory
     or an inline dict with `model_type`; pad_token_id: the padding id of text-classification inputs (default:
-    the model's, else 0, the byte tokenizer's)."""
+    the data's, else the model's, else 0)."""
     # heavy (transformers, ~3 s): only hf models load it
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,
                               AutoModelForSequenceClassification)
@@ -97,10 +98,13 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
                     label2id={n: i for i, n in enumerate(names)})
 
     source = str(pretrained) if pretrained else None
-    hf_config = _config(config, AutoConfig) if source is None else _load(AutoConfig.from_pretrained, source, "config")
+    hf_config = (_config(config, AutoConfig) if source is None
+                 else from_hub(AutoConfig.from_pretrained, source, "config", field=FIELD))
     for key, value in head.items():
         setattr(hf_config, key, value)
-    pad = pad_token_id if pad_token_id is not None else getattr(hf_config, "pad_token_id", None)
+    # the data's padding id (its tokenizer's) wins over the model config's: the model must mask what the data pads
+    pad = next((p for p in (pad_token_id, info.pad_id, getattr(hf_config, "pad_token_id", None)) if p is not None),
+               None)
     if info.task == "classification" and not images:
         pad = 0 if pad is None else pad
         hf_config.pad_token_id = pad  # sequence classifiers find each sequence's last token by it
@@ -110,7 +114,8 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
     if source is None or not materializing():
         model = auto.from_config(hf_config)
     else:
-        model = _load(auto.from_pretrained, source, "weights", config=hf_config, ignore_mismatched_sizes=True)
+        model = from_hub(auto.from_pretrained, source, "weights", field=FIELD, config=hf_config,
+                         ignore_mismatched_sizes=True)
     return HFModel(model, pad_token_id=None if info.task == "lm" or images else pad, images=images), input_spec(info)
 
 
@@ -125,40 +130,7 @@ def _config(config: Union[str, dict], auto_config) -> Any:
         except (ValueError, KeyError) as e:
             raise UserError(f"model.args.config.model_type: {model_type!r} is not a transformers model type "
                             f"({str(e).splitlines()[0][:120]})") from None
-    return _load(auto_config.from_pretrained, str(config), "config")
-
-
-def _load(loader, source: str, what: str, **kwargs: Any) -> Any:
-    """`loader(source)` from a local directory or the cache first, the hub only when allowed and needed."""
-    local = Path(source).expanduser()
-    if local.is_dir():
-        try:
-            return loader(str(local), local_files_only=True, **kwargs)
-        except (OSError, ValueError) as e:
-            raise UserError(f"model.args.pretrained: {local} is not a transformers model directory "
-                            f"({_first_line(e)}); write one with save_pretrained") from None
-    try:
-        return loader(source, local_files_only=True, **kwargs)
-    except OSError:
-        pass
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("", "0", "false"):
-        raise UserError(_not_found(source, what, "HF_HUB_OFFLINE is set, so the hub was not asked"))
-    try:
-        return loader(source, **kwargs)
-    except OSError as e:
-        raise UserError(_not_found(source, what, _first_line(e))) from None
-
-
-def _not_found(source: str, what: str, why: str) -> str:
-    return (f"model.args.pretrained: {source!r} is neither a local directory nor in the Hugging Face cache, and its "
-            f"{what} could not be fetched ({why}); on a machine with network run `hf download {source}` (the cache "
-            "is ~/.cache/huggingface, or $HF_HOME) and copy it here, or point model.args.pretrained at a local "
-            "directory")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    return from_hub(auto_config.from_pretrained, str(config), "config", field="model.args.config")
 
 
 def _check_vocab(hf_config: Any, info: DataInfo) -> None:

@@ -85,7 +85,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
     trained = load_trained(path, verify=verify)
     cfg = trained.config
     dev = resolve_device(device or cfg.train.device)
-    data = build_data(cfg.data, seed=cfg.seed)
+    data = build_data(cfg.data, seed=cfg.seed, stored=trained.preprocess)  # the run's own tokenizer
     dataset = {"train": _plain_train(data), "val": data.val, "test": data.test}[split]
     model = trained.build_model().to(dev)
     batch = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else 256

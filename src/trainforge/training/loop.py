@@ -33,6 +33,7 @@ from torch import nn
 from trainforge.config import Config
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.loader import TrainBatches, make_eval_loader
+from trainforge.data.tokenizer import save_tokenizer
 from trainforge.distributed.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.errors import JobFailed
 from trainforge.files import write_text_atomic
@@ -347,8 +348,13 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
         final_step, final_val = state.stopper.best_step or state.step, state.stopper.best_metrics or state.val
     ran = {**setup.to_json(), "steps_trained": state.step}
     native = getattr(model, "save_native", None)  # a family's own format too (hf: final/hf/, save_pretrained)
+
+    def write_native(directory: Path) -> None:  # the model's own format, with the run's tokenizer beside it
+        native(directory)
+        save_tokenizer(inputs.data.preprocess, directory)
+
     save_final_model(run_dir, model.state_dict(), inputs.cfg, info, inputs.data.preprocess, final_step,
-                     metrics=final_val, ran=ran, native=(model.native_folder, native) if native else None)
+                     metrics=final_val, ran=ran, native=(model.native_folder, write_native) if native else None)
     test_loader = make_eval_loader(inputs.data.test, batch_size=max(setup.micro_batch_size, 64), num_workers=0,
                                    pin_memory=setup.pin_memory)
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)

@@ -43,7 +43,9 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         stop = stack.enter_context(stop_on_signals())
         seed_everything(cfg.seed)  # the same initial weights on every rank (rank 0's are broadcast too)
 
-        data = build_data(cfg.data, seed=cfg.seed)
+        saved = load_state(resume_from) if resume_from is not None else None  # verified here, once
+        stored = json.loads(saved["preprocess_json"]) if saved is not None else None  # resume: its tokenizer
+        data = build_data(cfg.data, seed=cfg.seed, stored=stored)
         if cfg.model.pruned and hooks.build_model is None:
             raise UserError("model.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; "
                             "rerun the same compress command (same --out) to continue it")
@@ -52,7 +54,6 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
         facts = DataFacts(data.info, len(data.train), is_convolutional(model))
-        saved = load_state(resume_from) if resume_from is not None else None  # verified here, once
         setup = resolve(cfg, env, device, facts, checkpoint=saved, oom=take_oom_note(run_dir, env),
                         budget=agreed_budget(cfg, env, device))
 

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import Pool
+from trainforge.data.pool import Pool, TextCorpus
 from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.text import RAW_BYTES_VOCAB_SIZE
@@ -32,6 +32,8 @@ class TextFileArgs(SourceArgs):
 
 
 class ByteWindows:
+    """Windows of block_size + 1 over a 1-D tensor of ids (bytes, or a subword tokenizer's ids)."""
+
     def __init__(self, data: torch.Tensor, block_size: int) -> None:
         self.data, self.block_size = data, block_size
 
@@ -95,6 +97,15 @@ def textfile(cfg: DataConfig, *, seed: int) -> Pool:
         files = corpus_files(path)
         corpus, files_read = read_corpus(files, a.max_bytes)
         origin = str(path)
+    notes = {"corpus": origin, "corpus_files": files_read, "corpus_bytes": len(corpus)}
+    if cfg.tokenizer in ("model", "bpe"):  # the pipeline tokenizes the documents and cuts the windows
+        documents = corpus_documents(files, corpus)
+        info = DataInfo("lm", "text", (a.block_size,), "int64", 0, (), None, a.block_size)
+        return Pool(info, TextCorpus(documents, a.block_size), labels=None, rows_read=len(documents),
+                    preprocess={"seq_len": a.block_size}, notes=notes)
+    if cfg.tokenizer == "bytes":
+        raise UserError("data.tokenizer: bytes is for classification (jsonl); a textfile corpus takes raw_bytes, "
+                        "model or bpe", public=True)
     windows = ByteWindows(torch.frombuffer(bytearray(corpus), dtype=torch.uint8), a.block_size)
     if len(windows) == 0:
         raise UserError(
@@ -110,5 +121,17 @@ def textfile(cfg: DataConfig, *, seed: int) -> Pool:
         labels=None,
         rows_read=len(windows),
         preprocess={"tokenizer": "raw_bytes", "vocab_size": RAW_BYTES_VOCAB_SIZE, "seq_len": a.block_size},
-        notes={"corpus": origin, "corpus_files": files_read, "corpus_bytes": len(corpus)},
+        notes=notes,
     )
+
+
+def corpus_documents(files: list[Path], corpus: bytes) -> list[str]:
+    """The corpus as text, one document per file read (cut where max_bytes cut the corpus)."""
+    documents, offset = [], 0
+    for f in files:
+        if offset >= len(corpus):
+            break
+        size = f.stat().st_size
+        documents.append(corpus[offset : offset + size].decode("utf-8", errors="replace"))
+        offset += size
+    return documents

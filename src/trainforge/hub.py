@@ -1,0 +1,51 @@
+"""Offline-first loading from the Hugging Face hub: a local directory, else the local cache, else the hub.
+
+    config = from_hub(AutoConfig.from_pretrained, "bert-base-uncased", "config", field="model.args.pretrained")
+
+The hub is asked only when the source is neither a local directory nor cached, and never with
+`HF_HUB_OFFLINE=1`. What cannot be found is one line (a UserError) naming the field, the id and how to
+fetch it. Used by the `hf` models and by the data stage (the model's tokenizer and image preprocessing).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from trainforge.errors import UserError
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("", "0", "false")
+
+
+def from_hub(loader: Callable[..., Any], source: str, what: str, *, field: str, **kwargs: Any) -> Any:
+    """`loader(source)` from a local directory or the cache first, the hub only when allowed and needed."""
+    local = Path(source).expanduser()
+    if local.is_dir():
+        try:
+            return loader(str(local), local_files_only=True, **kwargs)
+        except (OSError, ValueError) as e:
+            raise UserError(f"{field}: {local} holds no transformers {what} ({first_line(e)}); write one with "
+                            "save_pretrained") from None
+    try:
+        return loader(source, local_files_only=True, **kwargs)
+    except OSError:
+        pass
+    if hub_offline():
+        raise UserError(not_found(source, what, "HF_HUB_OFFLINE is set, so the hub was not asked", field))
+    try:
+        return loader(source, **kwargs)
+    except OSError as e:
+        raise UserError(not_found(source, what, first_line(e), field)) from None
+
+
+def not_found(source: str, what: str, why: str, field: str) -> str:
+    return (f"{field}: {source!r} is neither a local directory nor in the Hugging Face cache, and its {what} could "
+            f"not be fetched ({why}); on a machine with network run `hf download {source}` (the cache is "
+            f"~/.cache/huggingface, or $HF_HOME) and copy it here, or point {field} at a local directory")
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__

@@ -1,0 +1,79 @@
+"""Tiny "pretrained" models saved locally the way the hub ships them (save_pretrained: config, weights and a
+fast tokenizer), so tests load them through exactly the code users run with hub ids. Nothing downloads."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda sigma omega red green blue yellow "
+         "black white apple banana cherry grape lemon mango the a of and is was on in to").split()
+
+TINY_BERT = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=128)
+TINY_LLAMA = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=64, max_position_embeddings=256)
+
+
+def corpus(n: int = 400) -> list[str]:
+    """Deterministic sentences over WORDS (tokenizer training text)."""
+    g = torch.Generator().manual_seed(0)
+    return [" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (8,), generator=g)) for _ in range(n)]
+
+
+def wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 200):
+    """A BERT-style fast tokenizer ([CLS] text [SEP], [PAD] = 0, lower-casing WordPiece) trained on `texts`."""
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                             show_progress=False))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                       special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    tok.decoder = decoders.WordPiece()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                                   sep_token="[SEP]", mask_token="[MASK]")
+
+
+def bytelevel_tokenizer(texts: Iterable[str], vocab_size: int = 320):
+    """A GPT/Llama-style byte-level BPE fast tokenizer with <s> and </s> and no padding token."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<s>", "</s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                       show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def save_tiny_bert(path: Path, *, num_labels: int = 2, seed: int = 1) -> Path:
+    """A BERT sequence classifier with its WordPiece tokenizer, as `save_pretrained` writes it."""
+    from transformers import AutoModelForSequenceClassification, BertConfig
+
+    tok = wordpiece_tokenizer(corpus())
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, num_labels=num_labels, **TINY_BERT)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_tiny_llama(path: Path, *, seed: int = 1) -> Path:
+    """A Llama-shaped causal LM with its byte-level BPE tokenizer, as `save_pretrained` writes it."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    tok = bytelevel_tokenizer(corpus())
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         **TINY_LLAMA)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
