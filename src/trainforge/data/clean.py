@@ -6,7 +6,7 @@ themselves, into the same `DropLog`.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from typing import Iterable, Union
 
 import numpy as np
 import torch
@@ -49,16 +49,22 @@ def clean_tensor_pool(pool: Pool, cfg: CleanConfig) -> Pool:
         unique = np.zeros(len(samples), dtype=bool)
         unique[kept] = first_occurrences(row_hashes(samples.x[torch.as_tensor(kept)]))
         _drop(pool.drops, "duplicate", samples, keep, unique)
+    return _keep_only(pool, keep)
+
+
+def _keep_only(pool: Pool, keep: np.ndarray) -> Pool:
+    """The pool with only the samples (and labels) `keep` marks."""
     if keep.all():
         return pool
     idx = np.flatnonzero(keep)
-    pool.samples = samples.subset(idx)
+    pool.samples = pool.samples.subset(idx)
     if pool.labels is not None:
         pool.labels = pool.labels[idx]
     return pool
 
 
-def _drop(log: DropLog, reason: str, samples: TensorSamples, keep: np.ndarray, ok: np.ndarray) -> None:
+def _drop(log: DropLog, reason: str, samples: Union[TensorSamples, TextSamples], keep: np.ndarray,
+          ok: np.ndarray) -> None:
     for i in np.flatnonzero(keep & ~ok):
         log.drop(reason, samples.ids[i])
     keep &= ok
@@ -70,13 +76,7 @@ def clean_text_pool(pool: Pool, cfg: CleanConfig) -> Pool:
     assert isinstance(samples, TextSamples)
     if not cfg.dedup:
         return pool
-    keep = first_occurrences(hashlib.sha256(t.encode("utf-8")).digest() for t in samples.texts)
-    for i in np.flatnonzero(~keep):
-        pool.drops.drop("duplicate", samples.ids[i])
-    if keep.all():
-        return pool
-    idx = np.flatnonzero(keep)
-    pool.samples = samples.subset(idx)
-    if pool.labels is not None:
-        pool.labels = pool.labels[idx]
-    return pool
+    keep = np.ones(len(samples), dtype=bool)
+    _drop(pool.drops, "duplicate", samples, keep,
+          first_occurrences(hashlib.sha256(t.encode("utf-8")).digest() for t in samples.texts))
+    return _keep_only(pool, keep)

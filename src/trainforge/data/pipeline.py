@@ -66,6 +66,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         texts = pool.samples.texts
         pool = tokenize_texts(pool, choose_tokenizer(cfg, lambda: [texts[i] for i in splits["train"]], stored))
     info = pool.info
+    if cfg.tokenizer is not None and info.modality != "text":
+        warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
     scaled = info.modality in ("image", "tabular")
     normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
     normalize = None if normalizer.kind == "none" else normalizer
