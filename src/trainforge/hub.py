@@ -3,7 +3,8 @@
     config = from_hub(AutoConfig.from_pretrained, "bert-base-uncased", "config", field="model.args.pretrained")
 
 The hub is asked only when the source is neither a local directory nor cached, and never with
-`HF_HUB_OFFLINE=1`. What cannot be found is one line (a UserError) naming the field, the id and how to
+`HF_HUB_OFFLINE=1`. In a job of the server a local directory is checked against its data roots again
+(`data.roots.local_path`). What cannot be found is one line (a UserError) naming the field, the id and how to
 fetch it. Used by the `hf` models and by the data stage (the model's tokenizer and image preprocessing).
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from trainforge.data.roots import local_path
 from trainforge.errors import UserError
 
 
@@ -21,7 +23,7 @@ def hub_offline() -> bool:
 
 def from_hub(loader: Callable[..., Any], source: str, what: str, *, field: str, **kwargs: Any) -> Any:
     """`loader(source)` from a local directory or the cache first, the hub only when allowed and needed."""
-    local = Path(source).expanduser()
+    local = local_path(source, field) if Path(source).expanduser().is_dir() else Path(source)
     if local.is_dir():
         try:
             return loader(str(local), local_files_only=True, **kwargs)
@@ -33,11 +35,12 @@ def from_hub(loader: Callable[..., Any], source: str, what: str, *, field: str, 
     except OSError:
         pass
     if hub_offline():
-        raise UserError(not_found(source, what, "HF_HUB_OFFLINE is set, so the hub was not asked", field))
+        raise UserError(not_found(source, what, "HF_HUB_OFFLINE is set, so the hub was not asked", field), public=True)
     try:
         return loader(source, **kwargs)
     except OSError as e:
-        raise UserError(not_found(source, what, first_line(e), field)) from None
+        raise UserError(not_found(source, what, first_line(e), field),  # the hub's answer is not for the job API
+                        public=not_found(source, what, "the hub's answer is in the server's log", field)) from None
 
 
 def not_found(source: str, what: str, why: str, field: str) -> str:

@@ -3,11 +3,19 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
 from jobs_helpers import CHROMEDRIVER, CHROMIUM
 
+
+@pytest.fixture
+def data_root(tmp_path) -> Path:
+    """An empty folder the server may read data from (its real path)."""
+    root = tmp_path / "data"
+    root.mkdir()
+    return root.resolve()
 
 @pytest.fixture
 def browser():

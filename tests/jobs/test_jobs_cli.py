@@ -26,7 +26,7 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.slow
 def test_submit_list_show_logs_cancel(tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # job processes start here: an injected command would leave a file
+    monkeypatch.chdir(tmp_path)  # the server's directory; its job processes start in their job directories under it
     recipe = tmp_path / "mine.yaml"
     recipe.write_text("# trainforge jobs submit mine.yaml\nname: mine\ndata:\n  source: digits\nmodel:\n  name: cnn\n")
     with LiveServer(make_service(tmp_path, "cpu:2")) as server:
@@ -48,7 +48,7 @@ def test_submit_list_show_logs_cancel(tmp_path, capsys, monkeypatch):
         rows = json.loads(out)
         assert rows == [{"id": 1, "name": job["name"], "state": "succeeded", "gpus": ["cpu0"], "restarts": 0,
                          "run_dir": str(server.service.state_dir / "jobs" / "1" / "run")}]
-        assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+        assert not list(tmp_path.rglob("pwned*"))  # an injected command would have left a file somewhere here
 
         code, out, _ = cli(capsys, "jobs", "list")
         assert code == 0 and "succeeded" in out and "20/20" in out
@@ -108,9 +108,8 @@ def test_server_refuses_an_unknown_placement_in_one_line(capsys, tmp_path):
     assert not (tmp_path / "s").exists()  # refused before anything was created
 
 
-@pytest.mark.parametrize("argv, placement", [([], "spread"), (["--placement", "pack"], "pack"),
-                                             (["--placement", "spread"], "spread")])
-def test_server_placement_reaches_the_service(capsys, monkeypatch, tmp_path, argv, placement):
+def served_by(capsys, monkeypatch, tmp_path, *argv: str):
+    """The JobService `trainforge server ... ARGV` would serve (nothing listens), and its stderr."""
     import trainforge.jobs.server
 
     served = []
@@ -122,7 +121,15 @@ def test_server_placement_reaches_the_service(capsys, monkeypatch, tmp_path, arg
     finally:
         os.umask(umask)  # the server sets 077 for its process: leave the test process as it was
     assert code == 0, err
-    assert [s.placement for s in served] == [placement]
+    assert len(served) == 1
+    return served[0], err
+
+
+@pytest.mark.parametrize("argv, placement", [([], "spread"), (["--placement", "pack"], "pack"),
+                                             (["--placement", "spread"], "spread")])
+def test_server_placement_reaches_the_service(capsys, monkeypatch, tmp_path, argv, placement):
+    service, err = served_by(capsys, monkeypatch, tmp_path, *argv)
+    assert service.placement == placement
     assert f"placement: {placement}" in err
 
 
@@ -131,3 +138,22 @@ def test_the_commands_import_nothing_heavy():
             "heavy = [m for m in ('torch', 'fastapi', 'httpx', 'sqlalchemy', 'uvicorn') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).returncode == 0
+
+
+@pytest.mark.parametrize("argv, allowed", [([], False), (["--allow-hub-downloads"], True)])
+def test_hub_downloads_are_off_unless_the_operator_allows_them(capsys, monkeypatch, tmp_path, argv, allowed):
+    service, err = served_by(capsys, monkeypatch, tmp_path, *argv)
+    assert service.allow_hub_downloads is allowed
+    assert ("HF_HUB_OFFLINE" in service.checker.child_env) is not allowed
+    assert f"hub downloads: {'allowed' if allowed else 'off'}" in err
+
+
+def test_a_pretrained_path_the_server_may_not_read_is_exit_2(capsys, tmp_path):
+    with LiveServer(make_service(tmp_path, "cpu:1"), manage_service=False) as server:
+        code, out, err = cli(capsys, "jobs", "submit", "digits_cnn", "model.name=hf",
+                             "model.args={pretrained: /home/alice/private-model}", "--server", server.url)
+        assert code == 2 and out == ""
+        assert err.count("\n") == 1 and "model.args.pretrained" in err and "--data-root" in err
+        code, _, err = cli(capsys, "jobs", "submit", "digits_cnn", "model.name=hf",
+                           "model.args={pretrained: no-such-org/no-such-model}", "--server", server.url)
+        assert code == 2 and "not in this server's Hugging Face cache" in err and "--allow-hub-downloads" in err

@@ -46,13 +46,6 @@ def write_csv(path: Path, header: str, rows: int = 80) -> Path:
 
 
 @pytest.fixture
-def data_root(tmp_path) -> Path:
-    root = tmp_path / "data"
-    root.mkdir()
-    return root.resolve()
-
-
-@pytest.fixture
 def api(tmp_path, data_root):
     with client_for(make_service(tmp_path, data_roots=[data_root])) as c:
         yield c

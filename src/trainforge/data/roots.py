@@ -3,6 +3,7 @@
     roots = parse_roots(["/srv/data"])                  # `trainforge server --data-root DIR` (resolved, must exist)
     path = confine("/srv/data/cats/../dogs", "data.path", roots)   # the real path, or UserError
     confined_roots()                                     # in a job process: the server's roots, else None
+    local_path("/srv/data/bert", "model.args.pretrained")  # a job re-checks a pretrained folder before loading it
 
 `trainforge train` on the command line reads whatever its user names (roots are None: unconfined). The job
 server passes its roots to every job process in TRAINFORGE_DATA_ROOTS, and the data sources then refuse any
@@ -17,6 +18,7 @@ from typing import Optional, Sequence
 
 from trainforge.errors import UserError, quote
 
+MAX_TREE_ENTRIES = 10_000  # a pretrained model folder is a few files; a walk never goes further
 ENV = "TRAINFORGE_DATA_ROOTS"  # os.pathsep-separated absolute real paths; set by the job server for its jobs
 NO_ROOTS_HINT = "the server reads no data paths until its operator names a folder with `trainforge server --data-root DIR`"
 
@@ -78,3 +80,28 @@ def check_found(files: Sequence[Path], top: Path, field: str) -> None:
             rel = f.relative_to(top) if top in f.parents else f.name
             raise UserError(f"{field}: {quote(str(rel))} in it is a symbolic link leading outside the server's data "
                             "roots; copy that file under a data root", public=True)
+
+
+def confine_tree(folder: Path, field: str, roots: Sequence[Path]) -> None:
+    """Every file and folder under `folder` lies under `roots` (no symbolic link leads out), else UserError."""
+    entries = 0
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
+        for name in (*dirnames, *filenames):
+            entries += 1
+            if entries > MAX_TREE_ENTRIES:
+                raise UserError(f"{field}: {quote(str(folder))} holds more than {MAX_TREE_ENTRIES} files and folders; "
+                                "a pretrained model is a few files", public=True)
+            confine(str(Path(dirpath) / name), field, roots)  # a link leading out: refused
+
+
+def local_path(value: str, field: str) -> Path:
+    """The path a loader opens for `value`: in a job process (confined), its real path checked again against
+    the roots, with everything under it when it is a folder (the folder may have changed since the job was
+    admitted); on the command line, `value` with ~ expanded."""
+    roots = confined_roots()
+    if roots is None:
+        return Path(value).expanduser()
+    real = confine(value, field, roots)
+    if real.is_dir():
+        confine_tree(real, field, roots)
+    return real

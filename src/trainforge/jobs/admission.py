@@ -10,8 +10,11 @@ Validation is the CLI's: the recipe's YAML, the KEY=VALUE overrides and the regi
 UserError with one line (the API answers 400 with it). The recipe is a built-in name or YAML text sent by
 the client; the server never reads a path it was sent. Paths a recipe names for its data (`data.path`,
 `data.args.root`) must lie under one of the server's data roots (`--data-root`, none by default), judged
-before anything is read (`data.roots.confine`). Custom code (`model.name: custom`, `data.source: custom`)
-and downloads are refused: the API starts recipes, never code or network fetches of the caller's choosing.
+before anything is read (`data.roots.confine`), and so must the pretrained folders and files it names
+(`model.args.pretrained`, `model.args.config`, `model.args.weights`, `data.from_model`; `jobs.pretrained`),
+whose hub ids must be in the server's caches unless the operator passed `--allow-hub-downloads`. Custom code
+(`model.name: custom`, `data.source: custom`) and downloads are refused: the API starts recipes, never code
+or network fetches of the caller's choosing.
 
 The service runs `size_submission` in a child process with a time and memory cap (`jobs.sizing`), and a
 data problem found there is reported by field only (`errors.public_message`): an API error never quotes a
@@ -39,6 +42,7 @@ from trainforge.data.base import DataBundle
 from trainforge.data.roots import confine
 from trainforge.distributed.env import DistEnv
 from trainforge.errors import UserError, public_message, quote
+from trainforge.jobs.pretrained import confine_pretrained
 from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
 from trainforge.models import build_model, is_convolutional
@@ -57,9 +61,11 @@ class Admitted:
 
 
 def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], *,
-                    data_roots: Sequence[Path] = ()) -> Config:
+                    data_roots: Sequence[Path] = (), allow_hub_downloads: bool = False) -> Config:
     """The validated config of a submission (UserError with one line otherwise). Reads no file but the
-    built-in recipe; every data path is confined to `data_roots` (none: no data path is accepted)."""
+    built-in recipe (and the configs of a pretrained folder it names); every data path and pretrained path is
+    confined to `data_roots` (none: no path is accepted), and a hub id must be in the local cache unless
+    `allow_hub_downloads`."""
     if recipe_yaml is not None:
         raw = parse_yaml_mapping(recipe_yaml, recipe)
     else:
@@ -83,6 +89,7 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
                         "and point data.args.root at it")
     check_names(cfg)
     confined = [(field, str(confine(value, field, data_roots))) for field, value in submitted_paths(cfg)]
+    confined += confine_pretrained(cfg, data_roots, allow_hub_downloads=allow_hub_downloads)
     if confined:  # the job reads the real paths that were checked, whatever a symlink says later
         raw = cfg.model_dump(mode="json")
         for field, real in confined:
@@ -102,9 +109,10 @@ def submitted_paths(cfg: Config) -> list[tuple[str, str]]:
 
 
 def admit(*, recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], num_gpus: int,
-          slots: Sequence[Slot], data_roots: Sequence[Path] = ()) -> Admitted:
+          slots: Sequence[Slot], data_roots: Sequence[Path] = (), allow_hub_downloads: bool = False) -> Admitted:
     """Validate, size and freeze a submission in this process; UserError when it is bad or can never fit."""
-    cfg = load_submission(recipe, recipe_yaml, overrides, data_roots=data_roots)
+    cfg = load_submission(recipe, recipe_yaml, overrides, data_roots=data_roots,
+                          allow_hub_downloads=allow_hub_downloads)
     return size_submission(cfg, num_gpus, slots)
 
 

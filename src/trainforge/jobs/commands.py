@@ -4,6 +4,7 @@
     trainforge server --gpus cpu:4 --slot-memory-gb 4      # four CPU slots (no GPU needed)
     trainforge server --host 0.0.0.0 --token-file ~/.trainforge-token --data-root /srv/data
                                                            # reachable from other machines: token required
+    trainforge server --allow-hub-downloads                # submissions may name hub ids not yet in the cache
     trainforge jobs submit digits_cnn train.max_steps=500 --gpus 1 --priority 5 --max-restarts 3
     trainforge jobs list --json
     trainforge jobs logs 3 --follow
@@ -81,6 +82,9 @@ def server(
     placement: str = typer.Option("spread", "--placement", metavar="spread|pack", help="spread: each job to the least-loaded slots (most "
                                   "free memory) that hold it; pack: to the fullest slots that still hold it (best "
                                   "fit), keeping whole GPUs free for big jobs."),
+    allow_hub_downloads: bool = typer.Option(False, "--allow-hub-downloads", help="Let submissions make this server "
+                                             "download pretrained models (Hugging Face hub, torch hub; anonymously). "
+                                             "Default: offline, and a hub id must already be in the local cache."),
 ) -> None:
     """Run the job queue: scheduler, job processes, JSON API and web dashboard.
 
@@ -115,10 +119,11 @@ def server(
     described = ", ".join(f"{s.id} ({s.memory_bytes / 2**30:.1f} GiB)" for s in slots)
     err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}  data roots: "
               f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}  "
-              f"placement: {placement}",
+              f"placement: {placement}  hub downloads: {'allowed' if allow_hub_downloads else 'off'}",
               highlight=False, soft_wrap=True)
     service = JobService(store, slots, state_dir, data_roots=roots, admission_timeout_s=admission_timeout_s,
-                         admission_memory_bytes=int(admission_memory_gb * 2**30), placement=placement)
+                         admission_memory_bytes=int(admission_memory_gb * 2**30), placement=placement,
+                         allow_hub_downloads=allow_hub_downloads)
     try:
         serve(service, host=host, port=port, token=secret)
     finally:

@@ -4,11 +4,12 @@ Each attempt is
     python -m trainforge.jobs.wrapper --exit-file <job>/exit.json --attempt K -- \\
         python -m trainforge train <job>/job.yaml [train.device=cpu train.num_threads=1] \\
         --run-dir <job>/run [--nproc-per-node N] [--resume auto]
-started from an argv list (never a shell) in its own session, with stdout and stderr appended to
-<job>/log.txt. The user's recipe and overrides never reach the argv: they are frozen into job.yaml at
-submit time, so the command line only ever holds paths the server made. The wrapper survives a server
-crash with its job and writes the exit status to exit.json, so a restarted server knows how the
-attempt ended even though it is no longer the parent.
+started from an argv list (never a shell) in its own session, in <job>/ as its working directory (so a
+relative name in the recipe, such as a hub id "org/name", names no file of the server's working
+directory), with stdout and stderr appended to <job>/log.txt. The user's recipe and overrides never reach
+the argv: they are frozen into job.yaml at submit time, so the command line only ever holds paths the
+server made. The wrapper survives a server crash with its job and writes the exit status to exit.json, so
+a restarted server knows how the attempt ended even though it is no longer the parent.
 
 A process is "ours" when /proc/<pid> exists, is not a zombie, started at the recorded time (pid reuse)
 and has the job's run directory as an argument.
@@ -89,7 +90,7 @@ def start_attempt(paths: JobPaths, argv: Sequence[str], env: dict[str, str], hea
         log.flush()
         # umask 077: the run directory, checkpoints and logs a job writes are its owner's alone
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True, close_fds=True, umask=0o077)
+                                cwd=paths.job_dir, start_new_session=True, close_fds=True, umask=0o077)
 
 
 # ---------------------------------------------------------------- processes as /proc sees them

@@ -13,7 +13,8 @@ the HTTP API stays responsive and one slow submission never holds up another; ch
 remembered in a bounded LRU cache.
 
 Everything the server writes is private to its user: directories 0700, files 0600 (job processes run with
-umask 077), and job processes get neither the API token nor anything else the server was told in secret.
+umask 077), and job processes get neither the API token nor anything else the server was told in secret
+(nor its Hugging Face token); they run offline (HF_HUB_OFFLINE=1) unless the operator allowed hub downloads.
 
 Reconcile (on start): a job the table calls running whose process is still alive and ours is adopted and
 watched; one whose process is gone is judged from what it left (the wrapper's exit.json, the run
@@ -44,6 +45,7 @@ from trainforge.files import write_text_atomic
 from trainforge.jobs import runner
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
+from trainforge.jobs.pretrained import HUB_SECRET_ENV, hub_env
 from trainforge.jobs.progress import progress
 from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check_placement, never_fits
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
@@ -57,7 +59,7 @@ log = logging.getLogger("trainforge.jobs")
 
 CANCEL_GRACE_S = 60.0  # SIGTERM, then SIGKILL if the trainer has not checkpointed and exited by then
 ADMITTED_CACHE_SIZE = 256  # checked submissions remembered (an identical resubmission is not checked again)
-SECRET_ENV = ("TRAINFORGE_TOKEN",)  # never passed on to job processes
+SECRET_ENV = ("TRAINFORGE_TOKEN", *HUB_SECRET_ENV)  # never passed on to job processes
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 
 
@@ -80,7 +82,8 @@ class JobService:
                  cancel_grace_s: float = CANCEL_GRACE_S, python: str = sys.executable,
                  env: Optional[dict[str, str]] = None, data_roots: Sequence[Path] = (),
                  admission_timeout_s: float = DEFAULT_TIMEOUT_S, admission_memory_bytes: int = DEFAULT_MEMORY_BYTES,
-                 admission_parallel: int = DEFAULT_PARALLEL, placement: str = PLACEMENTS[0]) -> None:
+                 admission_parallel: int = DEFAULT_PARALLEL, placement: str = PLACEMENTS[0],
+                 allow_hub_downloads: bool = False) -> None:
         if not slots:
             raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
         self.placement = check_placement(placement)  # spread: least-loaded slots; pack: best fit (jobs/scheduler.py)
@@ -93,10 +96,13 @@ class JobService:
         self.cancel_grace_s = cancel_grace_s
         self.python = python
         self.data_roots = tuple(data_roots)
+        self.allow_hub_downloads = allow_hub_downloads  # else a hub id must be cached, and nothing downloads
         self.env = {k: v for k, v in (os.environ if env is None else env).items() if k not in SECRET_ENV}
         self.env[ROOTS_ENV] = roots_env(self.data_roots)  # the job's data sources enforce the same roots
+        self.env.update(hub_env(allow_hub_downloads))
         self.checker = SizeChecker(data_roots=self.data_roots, timeout_s=admission_timeout_s,
-                                   memory_bytes=admission_memory_bytes, max_parallel=admission_parallel)
+                                   memory_bytes=admission_memory_bytes, max_parallel=admission_parallel,
+                                   allow_hub_downloads=allow_hub_downloads)
         self._lock = threading.RLock()
         self._popens: dict[int, subprocess.Popen] = {}
         self._cancel_deadline: dict[int, float] = {}
@@ -179,7 +185,8 @@ class JobService:
                 return self._admitted[key]
         from trainforge.jobs.admission import load_submission  # heavy (torch): imported by start()'s warm-up
 
-        cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots)
+        cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots,
+                              allow_hub_downloads=self.allow_hub_downloads)
         admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots)
         with self._admitted_lock:
             self._admitted[key] = admitted

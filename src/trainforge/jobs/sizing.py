@@ -9,13 +9,16 @@ images, a synthetic set of a billion samples). So it happens in a child forked f
 imported torch and the planner once (a check starts in milliseconds), with RLIMIT_AS capping its memory, a
 deadline after which it is killed, and at most `max_parallel` checks at a time: another submission is
 answered at once with "busy" instead of waiting behind a slow one. The child reports only a public line
-(`errors.public_message`); its full error goes to the server's log.
+(`errors.public_message`); its full error goes to the server's log. It runs with the data roots and the hub
+settings of the jobs (`pretrained.hub_env`: offline unless the operator allowed downloads) in an empty folder
+of its own, so no relative name a submission gives reaches a file of the server's working directory.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -24,6 +27,7 @@ from trainforge.config import config_from_yaml_text
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
 from trainforge.errors import UserError
+from trainforge.jobs.pretrained import apply_hub_env, hub_env
 from trainforge.jobs.slots import Slot
 
 if TYPE_CHECKING:
@@ -45,8 +49,9 @@ class Busy(UserError):
 
 class SizeChecker:
     def __init__(self, *, data_roots: Sequence[Path] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
-                 memory_bytes: int = DEFAULT_MEMORY_BYTES, max_parallel: int = DEFAULT_PARALLEL) -> None:
-        self.roots_env = roots_env(data_roots)
+                 memory_bytes: int = DEFAULT_MEMORY_BYTES, max_parallel: int = DEFAULT_PARALLEL,
+                 allow_hub_downloads: bool = False) -> None:
+        self.child_env = {ROOTS_ENV: roots_env(data_roots), **hub_env(allow_hub_downloads)}
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
         self.max_parallel = max_parallel
@@ -68,7 +73,7 @@ class SizeChecker:
 
     def _run(self, cfg_yaml: str, num_gpus: int, slots: list[Slot]) -> Admitted:
         receive, send = CONTEXT.Pipe(duplex=False)
-        proc = CONTEXT.Process(target=_check, args=(send, cfg_yaml, num_gpus, slots, self.roots_env, self.memory_bytes),
+        proc = CONTEXT.Process(target=_check, args=(send, cfg_yaml, num_gpus, slots, self.child_env, self.memory_bytes),
                                daemon=True, name="trainforge-size-check")
         proc.start()
         send.close()
@@ -110,15 +115,17 @@ def _cap_memory(extra_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], roots: str, memory_bytes: int) -> None:
+def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str], memory_bytes: int) -> None:
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
     import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
 
     from trainforge.jobs.admission import size_submission  # heavy (torch): loaded in the child, as above
 
+    workdir = tempfile.TemporaryDirectory(prefix="trainforge-check-")
     try:
         torch.set_num_threads(1)  # one core per check: the server and the running jobs keep theirs
-        os.environ[ROOTS_ENV] = roots  # the data sources enforce the roots exactly as in the job itself
+        apply_hub_env(env)  # the data sources enforce the roots, and the hub stays offline, as in the job itself
+        os.chdir(workdir.name)  # empty: a relative name ("org/name") can only be a hub id, never a folder of ours
         _cap_memory(memory_bytes)
         result: tuple[str, Any] = ("ok", size_submission(config_from_yaml_text(cfg_yaml), num_gpus, slots))
     except UserError as e:
@@ -137,3 +144,4 @@ def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], roots: st
                                "the details")
     conn.send(result)
     conn.close()
+    workdir.cleanup()

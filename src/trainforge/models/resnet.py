@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from trainforge.data.base import DataInfo
+from trainforge.data.roots import local_path
 from trainforge.errors import UserError
 from trainforge.models import args as check
 from trainforge.models.base import InputSpec, materializing
@@ -95,6 +96,7 @@ def pretrained_state(arch: str, weights: str) -> dict[str, torch.Tensor]:
     """The state dict `weights` names: a file, or one of torchvision's weight sets (DEFAULT, IMAGENET1K_V1...)."""
     path = Path(weights).expanduser()
     if path.suffix in (".pth", ".pt", ".bin", ".safetensors") or path.exists():
+        path = local_path(weights, "model.args.weights")  # a job re-checks it against the server's data roots
         if not path.is_file():
             raise UserError(f"model.args.weights: {path} is not a file; point it at a state dict of {arch} "
                             "or name torchvision weights (DEFAULT, IMAGENET1K_V1, ...)")

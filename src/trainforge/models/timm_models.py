@@ -22,6 +22,7 @@ from typing import Union
 from torch import nn
 
 from trainforge.data.base import DataInfo
+from trainforge.data.roots import local_path
 from trainforge.errors import UserError
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.zoo import IMAGE_CLASSIFICATION, input_spec, register_model
@@ -43,7 +44,7 @@ def timm_model(info: DataInfo, arch: str, pretrained: Union[bool, str] = False,
         return timm.create_model(arch, pretrained=False, **kwargs), input_spec(info)
     if pretrained is True:
         return _from_hub(timm, arch, kwargs), input_spec(info)
-    path = Path(str(pretrained)).expanduser()
+    path = local_path(str(pretrained), "model.args.pretrained")
     if not path.is_file():
         raise UserError(f"model.args.pretrained: {path} is not a file; point it at a state dict of {arch} "
                         "(.safetensors, or .pth/.bin), or use true for timm's own weights")
