@@ -71,7 +71,8 @@ def time_rows(device: torch.device) -> list[dict]:
             result = run(cfg, Path(tmp) / "run")
             train = [r for r in read_metrics(Path(tmp) / "run" / "metrics.jsonl") if r["split"] == "train"]
         measured = statistics.median(r["step_time_s"] for r in train[WARMUP:])
-        predicted = plan_local_step(cfg, device, catalog, micro_batch_size=result.micro_batch_size, calibration={})
+        predicted = plan_local_step(cfg, device, catalog, micro_batch_size=result.micro_batch_size,
+                                    precision=result.setup.precision, calibration={})
         row = {"case": name, "device": predicted.gpu, "predicted_step_s": predicted.step_time_s,
                "measured_step_s": measured, "ratio": predicted.step_time_s / measured, "bound": predicted.bound}
         if device.type == "cuda":

@@ -7,12 +7,14 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.data.base import DataInfo
 from trainforge.distributed.parallelize import apply_activation_checkpointing, find_blocks
 from trainforge.errors import UserError
 from trainforge.models import build_model
+from trainforge.planning.fake_model import build_fake_model
 from trainforge.planning.simulate import BREAKDOWN_KEYS, Simulation, measure_real_step, simulate_step
 
 DIGITS = DataInfo("classification", "image", (1, 8, 8), "float32", 10, tuple("0123456789"))
@@ -45,6 +47,26 @@ def test_simulated_peak_matches_a_real_cpu_step(model_cfg, info, batch, kwargs):
     assert sim.peak_bytes == pytest.approx(real, rel=0.05)
     check_breakdown(sim)
     assert sim.breakdown["optimizer_state"] >= 2 * sim.param_bytes  # AdamW: two moments per weight
+
+
+MLP = ModelConfig(name="mlp", args=dict(hidden=[512, 512]))
+
+
+@pytest.mark.parametrize(
+    "model_cfg, info, batch, kwargs",
+    [
+        pytest.param(SMALL_GPT, TEXT, 8, {}, id="forward-backward-peak"),
+        pytest.param(MLP, DIGITS, 1, {}, id="optimizer-step-peak"),
+        pytest.param(MLP, DIGITS, 1, dict(strategy="fsdp", world_size=2), id="fsdp2-first-step-fills-dtensor-cache"),
+        pytest.param(SMALL_GPT, TEXT, 2, dict(precision="bf16", activation_checkpointing=True), id="small-gpt-bf16-ac"),
+    ],
+)
+def test_one_forward_backward_gives_exactly_the_peak_of_two_real_iterations(model_cfg, info, batch, kwargs):
+    # the simulation runs forward + backward once and adds the state for the second (simulate._replayed_iterations);
+    # the real step runs both iterations
+    sim = simulate_step(model_cfg, ADAMW, info, micro_batch_size=batch, **kwargs)
+    assert sim.peak_bytes == measure_real_step(model_cfg, ADAMW, info, micro_batch_size=batch, **kwargs)
+    assert sim.peak_bytes == max(sim.phase_peak_bytes.values())
 
 
 def test_activation_checkpointing_trades_activations_for_recompute():
@@ -83,6 +105,17 @@ def test_simulating_twice_gives_the_same_numbers():
 
 
 # ---------------------------------------------------------------- no real memory
+
+
+def test_the_fake_model_is_built_on_meta_and_keeps_tied_weights_tied():
+    with FakeTensorMode():
+        model, spec = build_fake_model(SMALL_GPT, TEXT)
+        assert model.lm_head.weight is model.transformer.wte.weight  # one tensor, as built
+        tensors = [*model.parameters(), *model.buffers()]
+        assert all(isinstance(t, FakeTensor) and t.device.type == "cpu" for t in tensors)
+        model(spec.example(2)).sum().backward()
+    real, _ = build_model(SMALL_GPT, TEXT)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in real.parameters())
 
 
 def test_gpt2_small_simulates_without_allocating_its_memory():

@@ -1,8 +1,9 @@
 """FLOPs of one training step: counted by running it (`count_flops`) or by formula.
 
     with FakeTensorMode():                      # no real memory, any model size
-        model, spec = build_model(cfg.model, info)
+        model, spec = build_fake_model(cfg.model, info)     # planning.fake_model
         model_flops, hardware_flops = count_flops(model, spec.example(8), task=info.task, precision="bf16")
+    model_flops, hardware_flops = step_flops_per_sample(cfg.model, info, precision="bf16")  # per sample (simulate)
 
 *Model* FLOPs are what the maths of forward + backward needs (what MFU divides by); *hardware*
 FLOPs add what the machine really runs on top, i.e. the forward of activation-checkpointed blocks

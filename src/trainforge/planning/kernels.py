@@ -7,7 +7,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
-from trainforge.models import build_model
+from trainforge.planning.fake_model import build_fake_model
 from trainforge.training.losses import task_loss
 from trainforge.training.precision import autocast
 
@@ -32,7 +32,7 @@ class _KernelCounter(TorchDispatchMode):
 def kernels_per_micro_batch(model_cfg: ModelConfig, info: DataInfo, micro_batch_size: int, precision: str) -> int:
     """aten ops that launch work in one forward + backward (the optimizer's few fused kernels are left out)."""
     with FakeTensorMode():
-        model, spec = build_model(model_cfg, info)
+        model, spec = build_fake_model(model_cfg, info)
         x = spec.example(micro_batch_size)
         y = torch.zeros((micro_batch_size, *(() if info.task == "classification" else (info.seq_len,))), dtype=torch.long)
         counter = _KernelCounter()

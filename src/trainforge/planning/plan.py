@@ -69,17 +69,28 @@ class Planner:
             steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
         self.cfg, self.info, self.steps = cfg, info, steps
         self.facts = model_facts(cfg, info)
-        self.cache = SimCache(lambda key, b: simulate_step(
-            cfg.model, cfg.optim, info, micro_batch_size=b, precision=key.precision, strategy=key.strategy,
-            world_size=key.world_size, activation_checkpointing=key.activation_checkpointing,
-            label_smoothing=cfg.train.label_smoothing, freeze_patterns=cfg.train.freeze,
-        ))
+        self.cache = SimCache(self._simulate)
         self._kernels: dict[str, int] = {}
+        self._flops: dict[tuple[bool, str], tuple[float, float]] = {}
+
+    def _simulate(self, key: SimKey, micro_batch_size: int) -> Simulation:
+        """One simulation; FLOPs per sample are counted by the first of each checkpointing setting and
+        precision class and reused by the others (they do not depend on micro-batch, strategy or world size)."""
+        cfg, counted = self.cfg, (key.activation_checkpointing, key.precision)
+        sim = simulate_step(
+            cfg.model, cfg.optim, self.info, micro_batch_size=micro_batch_size, precision=key.precision,
+            strategy=key.strategy, world_size=key.world_size, activation_checkpointing=key.activation_checkpointing,
+            label_smoothing=cfg.train.label_smoothing, freeze_patterns=cfg.train.freeze,
+            flops_per_sample=self._flops.get(counted),
+        )
+        self._flops.setdefault(counted, (sim.model_flops_per_sample, sim.hardware_flops_per_sample))
+        return sim
 
     def kernel_count(self, precision: str) -> int:
-        if precision not in self._kernels:
-            self._kernels[precision] = kernels_per_micro_batch(self.cfg.model, self.info, 1, precision)
-        return self._kernels[precision]
+        counted = memory_class(precision)  # fp16 autocasts the same ops as bf16: the same kernels
+        if counted not in self._kernels:
+            self._kernels[counted] = kernels_per_micro_batch(self.cfg.model, self.info, 1, counted)
+        return self._kernels[counted]
 
     def candidate(
         self,
@@ -108,7 +119,7 @@ class Planner:
         if isinstance(fit, str):
             return Candidate(spec.name, num_gpus, precision, fits=False, reason=fit)
         timing = time_step(spec, fit, num_gpus=num_gpus, per_gpu=per_gpu, precision=precision,
-                           efficiency=efficiency_for(efficiency, fit.one, self.facts, spec, self.cfg.train.compile),
+                           efficiency=efficiency_for(efficiency, fit.sim, self.facts, spec, self.cfg.train.compile),
                            kernels_per_micro_batch=self.kernel_count(precision),
                            time_factor=calibration.get("time_factor"))
         cost = price_run(timing.step_time_s, steps=self.steps, num_gpus=num_gpus, tdp_watts=spec.tdp_watts,
@@ -255,7 +266,7 @@ class MemoryRule:
 
 @dataclass(frozen=True)
 class Fit:
-    """The first strategy, in order of preference, whose largest micro-batch fits; and its simulations."""
+    """The first strategy, in order of preference, whose largest micro-batch fits; and its simulation."""
 
     strategy: str
     activation_checkpointing: bool
@@ -264,8 +275,7 @@ class Fit:
     simulated_peak_bytes: int
     peak_bytes: int  # with the correction terms
     corrections_bytes: dict[str, int]
-    one: Simulation  # micro-batch 1
-    two: Simulation  # micro-batch 2 (`one` when the per-GPU batch is 1)
+    sim: Simulation  # at micro_batch_size
 
 
 def fit_memory(
@@ -273,7 +283,10 @@ def fit_memory(
     fixed_micro: Optional[int] = None,
 ) -> Union[Fit, str]:
     """Try the strategies in order and take the largest micro-batch that fits (or `fixed_micro` if it
-    does); the reason nothing fits otherwise."""
+    does); the reason nothing fits otherwise.
+
+    Micro-batch 1 and 2 are simulated; their lines (`planning.memory.fit_linear`, a lower bound of the peak at
+    larger micro-batches) rule sizes out, and the size taken is simulated, so its peak is the simulation's own."""
     smallest_need = None
     for strategy, ckpt in strategies_for(num_gpus):
         floor = rule.corrected(facts.param_count * facts.state_bytes_per_param / (num_gpus if strategy == "fsdp" else 1))
@@ -286,16 +299,21 @@ def fit_memory(
         smallest_need = need if smallest_need is None else min(smallest_need, need)
         if need > rule.usable_bytes:
             continue
-        two = cache.get(key, 2) if per_gpu >= 2 else one
-        line = fit_linear(one, two) if two is not one else LinearPeak(one.peak_bytes, 0.0)
+
+        def simulated(b: int, key: SimKey = key) -> int:
+            return rule.corrected(cache.get(key, b).peak_bytes)
+
         if fixed_micro is not None:
-            micro = fixed_micro if rule.corrected(line.at(fixed_micro)) <= rule.usable_bytes else None
+            micro = fixed_micro if simulated(fixed_micro) <= rule.usable_bytes else None
         else:
-            micro = largest_fitting(per_gpu, rule.usable_bytes, lambda b: rule.corrected(line.at(b)))
+            line = fit_linear(one, cache.get(key, 2)) if per_gpu >= 2 else LinearPeak(one.peak_bytes, 0.0)
+            micro = largest_fitting(per_gpu, rule.usable_bytes, lambda b: rule.corrected(line.at(b)),
+                                    confirmed=simulated)
         if micro is None:
             continue
-        peak, added = rule.corrections(line.at(micro))
-        return Fit(strategy, ckpt, micro, per_gpu // micro, int(line.at(micro)), peak, added, one, two)
+        sim = cache.get(key, micro)
+        peak, added = rule.corrections(sim.peak_bytes)
+        return Fit(strategy, ckpt, micro, per_gpu // micro, sim.peak_bytes, peak, added, sim)
     return (
         f"needs {smallest_need / 2**30:.1f} GiB per GPU even at micro-batch 1 with every strategy; "
         f"{rule.usable_bytes / 2**30:.1f} GiB usable" if smallest_need else "does not fit"
@@ -318,12 +336,12 @@ def time_step(
 ) -> Timing:
     """The roofline step time of `fit` on `spec` at the mid, high and low efficiency; a calibration on this
     GPU type (measured / predicted step time) scales the roofline's answer."""
-    one, accumulation = fit.one, fit.accumulation
+    sim, accumulation = fit.sim, fit.accumulation
 
     def at(value: float) -> StepTime:
         return step_time(
-            hardware_flops_per_gpu=one.hardware_flops_per_sample * per_gpu,
-            bytes_moved_per_gpu=traffic_per_step(one, fit.two, fit.micro_batch_size, accumulation),
+            hardware_flops_per_gpu=sim.hardware_flops_per_sample * per_gpu,
+            bytes_moved_per_gpu=traffic_per_step(sim, accumulation),
             kernels_per_step=kernels_per_micro_batch * accumulation,
             peak_flops=spec.peak_flops_for(precision),
             bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s,
@@ -331,8 +349,8 @@ def time_step(
             strategy=fit.strategy,
             num_gpus=num_gpus,
             accumulation=accumulation,
-            grad_bytes=one.grad_bytes,
-            param_bytes=one.grad_bytes * (0.5 if precision != "fp32" else 1.0),  # gathered in param dtype
+            grad_bytes=sim.grad_bytes,
+            param_bytes=sim.grad_bytes * (0.5 if precision != "fp32" else 1.0),  # gathered in param dtype
             interconnect_bytes_per_s=spec.interconnect_bytes_per_s,
         )
 
@@ -382,12 +400,9 @@ def efficiency_for(
     return eff
 
 
-def traffic_per_step(one: Simulation, two: Simulation, micro: int, accumulation: int) -> float:
-    """HBM bytes per optimizer step: one micro-batch's traffic (linear in the micro-batch) x accumulation."""
-    t1 = one.memory_traffic_bytes_per_sample * one.micro_batch_size
-    t2 = two.memory_traffic_bytes_per_sample * two.micro_batch_size
-    slope = (t2 - t1) / (two.micro_batch_size - one.micro_batch_size) if two is not one else 0.0
-    return (t1 + slope * (micro - one.micro_batch_size)) * accumulation
+def traffic_per_step(sim: Simulation, accumulation: int) -> float:
+    """HBM bytes per optimizer step: the traffic of one micro-batch (`sim`'s) x accumulation."""
+    return sim.memory_traffic_bytes_per_sample * sim.micro_batch_size * accumulation
 
 
 def rank_key(candidate: Candidate) -> tuple:

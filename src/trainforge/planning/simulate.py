@@ -3,16 +3,20 @@
     sim = simulate_step(cfg.model, cfg.optim, info, micro_batch_size=8, precision="bf16")
     sim.peak_bytes, sim.breakdown["activations"], sim.model_flops_per_sample
 
-Method. The real model (`build_model`) and optimizer (`build_optimizer`) are built under
-`FakeTensorMode`: tensors carry shapes, dtypes and devices but no storage, so a 7B model costs no
-memory. Two full training iterations run exactly as the trainer runs them (forward under autocast,
-`task_loss` on float logits, backward, optimizer step, zero_grad) inside torch's `MemTracker`,
-which sees every tensor created and freed and files it under parameters, gradients, optimizer
-state, activations or backward temporaries. Its peak over both iterations (the second one holds
-the optimizer state the first created) is the simulated peak; `measure_real_step` runs the same
-iterations on real CPU tensors and is what tests compare against. FSDP runs the same way on a
-fake process group (one rank of `world_size`, no communication) with `FSDPMemTracker`. FLOPs are
-counted on the same fake model (`planning.flops`).
+Method. The real model (`build_model`, on the meta device, then given fake CPU tensors:
+`planning.fake_model`) and optimizer (`build_optimizer`) are built under `FakeTensorMode`: tensors
+carry shapes, dtypes and devices but no storage, so a 7B model costs no memory. Two training
+iterations run as the trainer runs them (forward under autocast, `task_loss` on float logits,
+backward, optimizer step, zero_grad) inside torch's `MemTracker` (`PeakMemTracker`: the global
+peak only), which sees every tensor created and freed and files it under parameters, gradients,
+optimizer state, activations or backward temporaries. The second iteration's forward and backward
+is the first one's with the optimizer state alive, so it is added, not run again
+(`_replayed_iterations`); both optimizer steps run. The larger of the two phases' peaks, forward +
+backward and optimizer step (`phase_peak_bytes`), is the simulated peak; `measure_real_step` runs
+both iterations in full on real CPU tensors and is what tests compare against (equal to the byte).
+FSDP runs the same way on a fake process group (one rank of `world_size`, no communication) with
+`FSDPMemTracker`. FLOPs are counted on the same fake model (`planning.flops`), or passed in
+(`step_flops_per_sample`: the same for every micro-batch, strategy and world size).
 
 Blind spots, by design left to the caller's calibrated correction terms: the CUDA context,
 cuBLAS/cuDNN workspaces, the caching allocator's rounding and fragmentation, NCCL and DDP
@@ -32,7 +36,7 @@ import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
@@ -41,6 +45,7 @@ from trainforge.data.base import DataInfo
 from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
 from trainforge.errors import UserError
 from trainforge.models import build_model
+from trainforge.planning.fake_model import build_fake_model
 from trainforge.planning.flops import count_flops
 from trainforge.training.losses import task_loss
 from trainforge.training.optim import build_optimizer, freeze
@@ -104,6 +109,9 @@ class Simulation:
     memory_traffic_bytes_per_sample: float
     activation_bytes: int = 0  # saved by forward for backward at the end of forward, per micro-batch
     optimizer_state_bytes: int = 0  # per rank, persistent between steps
+    # the peak of each phase of the step, "forward_backward" (the second iteration's) and "optimizer_step";
+    # peak_bytes is the larger. The moment holding the peak can change with the micro-batch (planning.memory)
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
 
@@ -119,25 +127,27 @@ def simulate_step(
     activation_checkpointing: bool = False,
     label_smoothing: float = 0.0,
     freeze_patterns: Sequence[str] = (),
+    flops_per_sample: Optional[tuple[float, float]] = None,
 ) -> Simulation:
     """Simulate two training iterations of `model_cfg` on fake tensors; see the module docstring.
 
     `strategy` "ddp" simulates one full replica (what each rank holds); "fsdp" one rank of
     `world_size` with each repeated block and the root sharded (FSDP2). `freeze_patterns` (`train.freeze`)
     are frozen as training freezes them: no gradients, no optimizer state. Callable repeatedly.
+    `flops_per_sample`: (model, hardware) FLOPs per sample from `step_flops_per_sample` with the same
+    checkpointing, precision and freezing, when the caller has them (they do not depend on the micro-batch,
+    the strategy or the world size); counted here otherwise.
     """
     _check(micro_batch_size, precision, strategy, world_size)
     # the device mesh reads its rank table, so it is made before fake mode starts
     with _process_group(strategy, world_size) as mesh, FakeTensorMode():
-        model, spec = build_model(model_cfg, info)
+        model, spec = build_fake_model(model_cfg, info)
         param_count, full_param_bytes = _param_stats(model)
-        if freeze_patterns:
-            _freeze_as_buffers(model, freeze_patterns)
-        if activation_checkpointing:
-            apply_activation_checkpointing(model)
+        _prepare(model, activation_checkpointing, freeze_patterns)
         x, y = spec.example(micro_batch_size), _targets(info, micro_batch_size)
-        model_flops, hardware_flops = count_flops(model, x, task=info.task, precision=precision)
-        measured = _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh)
+        if flops_per_sample is None:
+            flops_per_sample = _per_sample(count_flops(model, x, task=info.task, precision=precision), micro_batch_size)
+        measured = _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh, replay=True)
 
     notes = {"ddp": [DDP_NOTE], "fsdp": [FSDP_NOTE]}.get(strategy, [])
     param_bytes = measured.param_bytes
@@ -158,14 +168,37 @@ def simulate_step(
         param_count=param_count,
         param_bytes=param_bytes,
         grad_bytes=full_param_bytes,  # gradients have their parameters' (master) dtype
-        model_flops_per_sample=model_flops / micro_batch_size,
-        hardware_flops_per_sample=hardware_flops / micro_batch_size,
+        model_flops_per_sample=flops_per_sample[0],
+        hardware_flops_per_sample=flops_per_sample[1],
         tokens_per_sample=_tokens_per_sample(info),
         memory_traffic_bytes_per_sample=traffic / micro_batch_size,
         activation_bytes=measured.activation_bytes,
         optimizer_state_bytes=measured.optimizer_state_bytes,
+        phase_peak_bytes=measured.phase_peak_bytes,
         notes=notes,
     )
+
+
+def step_flops_per_sample(
+    model_cfg: ModelConfig,
+    info: DataInfo,
+    *,
+    precision: str = "fp32",
+    activation_checkpointing: bool = False,
+    freeze_patterns: Sequence[str] = (),
+    micro_batch_size: int = 1,
+) -> tuple[float, float]:
+    """(model, hardware) FLOPs per sample of one forward + backward, counted on a fake model (`planning.flops`).
+
+    The counted ops (matmuls, convolutions, attention) are linear in the micro-batch and run before any
+    sharding, so one count serves every micro-batch, strategy and world size of a checkpointing setting;
+    `simulate_step(..., flops_per_sample=...)` takes it instead of counting again.
+    """
+    with FakeTensorMode():
+        model, spec = build_fake_model(model_cfg, info)
+        _prepare(model, activation_checkpointing, freeze_patterns)
+        flops = count_flops(model, spec.example(micro_batch_size), task=info.task, precision=precision)
+    return _per_sample(flops, micro_batch_size)
 
 
 def measure_real_step(
@@ -192,7 +225,7 @@ def measure_real_step(
         if activation_checkpointing:
             apply_activation_checkpointing(model)
         x, y = spec.example(micro_batch_size, device=target), _targets(info, micro_batch_size)
-        return _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh).peak_bytes
+        return _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh, replay=False).peak_bytes
 
 
 # ---------------------------------------------------------------- the tracked iterations
@@ -205,6 +238,7 @@ class _Measured:
     param_bytes: int
     activation_bytes: int
     optimizer_state_bytes: int
+    phase_peak_bytes: dict[str, int] = field(default_factory=dict)
 
 
 def _measure(
@@ -216,11 +250,14 @@ def _measure(
     precision: str,
     label_smoothing: float,
     mesh: Optional[DeviceMesh],
+    *,
+    replay: bool,
 ) -> _Measured:
-    """Build the optimizer (sharding the model first when a mesh is given) and track two iterations."""
+    """Build the optimizer (sharding the model first when a mesh is given) and track two iterations, the second
+    one's forward and backward replayed (`_replayed_iterations`) or run (`_two_iterations`)."""
     if mesh is None:
         optimizer = build_optimizer(model, optim_cfg)
-        tracker = MemTracker()
+        tracker = PeakMemTracker()
         tracker.track_external(model, optimizer, x, y)
     else:
         apply_fsdp(model, mesh, param_dtype=None if precision == "fp32" else DTYPES[precision])
@@ -228,9 +265,44 @@ def _measure(
         for group in optimizer.param_groups:
             # fused/foreach steps on fake DTensors inflate the tracked peak many times over
             group["foreach"] = False
-        tracker = FSDPMemTracker(model, optimizer)
+        tracker = PeakFSDPMemTracker(model, optimizer)
         tracker.track_inputs((x, y))
-    return _two_iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
+    iterations = _replayed_iterations if replay else _two_iterations
+    return iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
+
+
+class _GlobalPeakOnly:
+    """torch's trackers, keeping the peak of the whole step only.
+
+    After every op MemTracker also updates each module's own peak by walking every module it has seen (a
+    weak-keyed dictionary, ~1,000 entries for a 32-layer transformer): ~60% of the time of simulating an 8B
+    model, for module-wise statistics the planner never reads. This override keeps the rest of
+    `_update_peak_stats` as it is: the global peak and its breakdown (`get_tracker_snapshot("peak")`) are
+    the same numbers; `display_modulewise_snapshots` is what is given up.
+    """
+
+    _curr_mem_snap: dict
+    _peak_mem: dict
+    _peak_mem_snap: dict
+
+    def _update_peak_stats(self, peak_state) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)  # category -> bytes: a flat copy is a deep one
+
+    def reset_peak(self) -> None:
+        """Track the peak from now on, as entering the tracker starts it."""
+        self._peak_mem_snap = {dev: dict(snap) for dev, snap in self._curr_mem_snap.items()}
+        self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in self._peak_mem_snap.items()}
+
+
+class PeakMemTracker(_GlobalPeakOnly, MemTracker):
+    """MemTracker with the global peak only (`_GlobalPeakOnly`)."""
+
+
+class PeakFSDPMemTracker(_GlobalPeakOnly, FSDPMemTracker):
+    """FSDPMemTracker with the global peak only (`_GlobalPeakOnly`)."""
 
 
 def _two_iterations(
@@ -259,6 +331,50 @@ def _two_iterations(
         param_bytes=_local_param_bytes(model),
         activation_bytes=activation_bytes,
         optimizer_state_bytes=after["optimizer_state"],
+    )
+
+
+def _replayed_iterations(
+    tracker: MemTracker,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    task: str,
+    precision: str,
+    label_smoothing: float,
+) -> _Measured:
+    """The same two iterations as `_two_iterations` with one forward + backward instead of two.
+
+    The second iteration's forward and backward allocate and free what the first one's did, with the optimizer
+    state (made by the first step, the same size from then on) alive throughout: its peak is the first one's
+    plus that state, and is computed so rather than run again (a third of a simulation). Both optimizer steps
+    run, the second on the first one's gradients (fake tensors have shapes, not values), and the step's peak
+    is the second one's: it holds the whole state from its start, the first only what it has made so far.
+    (Under FSDP the first step also fills DTensor's sharding-propagation cache, whose fake runs of each op
+    the tracker files as optimizer state: the first FSDP step of a process would read high.)
+    `tests/planning/test_simulate.py` checks the result against two real iterations on real tensors.
+    """
+    with tracker:
+        activation_bytes = _forward_backward(tracker, model, x, y, task, precision, label_smoothing)
+        forward_backward = _breakdown(_one_device(tracker.get_tracker_snapshot("peak")))
+        optimizer.step()
+        tracker.reset_peak()
+        optimizer.step()  # the second iteration's
+        optimizer.zero_grad(set_to_none=True)
+        state_bytes = _categories(_one_device(tracker.get_tracker_snapshot("current")))["optimizer_state"]
+    phases = {
+        "forward_backward": {**forward_backward, "optimizer_state": forward_backward["optimizer_state"] + state_bytes},
+        "optimizer_step": _breakdown(_one_device(tracker.get_tracker_snapshot("peak"))),
+    }
+    peak = max(phases.values(), key=lambda breakdown: sum(breakdown.values()))
+    return _Measured(
+        peak_bytes=sum(peak.values()),
+        breakdown=_reported(peak),
+        param_bytes=_local_param_bytes(model),
+        activation_bytes=activation_bytes,
+        optimizer_state_bytes=state_bytes,
+        phase_peak_bytes={name: sum(breakdown.values()) for name, breakdown in phases.items()},
     )
 
 
@@ -321,6 +437,18 @@ def _process_group(strategy: str, world_size: int) -> Iterator[Optional[DeviceMe
         dist.destroy_process_group()
 
 
+def _prepare(model: nn.Module, activation_checkpointing: bool, freeze_patterns: Sequence[str]) -> None:
+    """Freeze and checkpoint as training does, in its order (after the parameters were counted)."""
+    if freeze_patterns:
+        _freeze_as_buffers(model, freeze_patterns)
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+
+
+def _per_sample(flops: tuple[float, float], micro_batch_size: int) -> tuple[float, float]:
+    return flops[0] / micro_batch_size, flops[1] / micro_batch_size
+
+
 def _targets(info: DataInfo, batch_size: int) -> torch.Tensor:
     """Class ids (B,) or next-token ids (B, T): the loss's memory does not depend on their values."""
     shape = (batch_size, *info.input_shape) if info.task == "lm" else (batch_size,)
@@ -365,10 +493,13 @@ def _categories(device_snapshot: dict[str, int]) -> dict[str, int]:
 
 def _breakdown(device_snapshot: dict[str, int]) -> dict[str, int]:
     out = _categories(device_snapshot)
-    if not out.get("other"):
-        out.pop("other", None)
     assert sum(out.values()) == device_snapshot["Total"], (out, device_snapshot)
-    return out
+    return _reported(out)
+
+
+def _reported(categories: dict[str, int]) -> dict[str, int]:
+    """BREAKDOWN_KEYS, and "other" only when something is filed there."""
+    return {k: v for k, v in categories.items() if k != "other" or v}
 
 
 def _freeze_as_buffers(model: nn.Module, patterns: Sequence[str]) -> None:
