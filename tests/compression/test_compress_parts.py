@@ -103,6 +103,43 @@ def test_int8_method_follows_the_model_type():
     assert choose_method(build_model(*CASES["cnn"])[0]) == "static"
     assert choose_method(build_model(*CASES["resnet"])[0]) == "static"
     assert choose_method(build_model(*CASES["text_transformer"])[0]) == "dynamic"
+    # with an example, the multiply-accumulates decide: a ViT's one Conv (its patch embedding) does not make it a CNN
+    for name, method in (("cnn", "static"), ("resnet", "static"), ("text_transformer", "dynamic")):
+        cfg, info = CASES[name]
+        assert choose_method(build_model(cfg, info)[0], example_for(info)) == method
+    vit = build_model(ModelConfig(name="vit", args={"patch_size": 4, "dim": 32, "depth": 2, "heads": 2}), IMAGE)[0]
+    assert choose_method(vit) == "static" and choose_method(vit, example_for(IMAGE)) == "dynamic"
+
+
+class DataDependent(torch.nn.Module):
+    """A branch on a value: torch.export refuses it, the TorchScript tracer records the branch taken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > -1e9:
+            return self.head(x)
+        return -self.head(x)
+
+
+class Unexportable(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.linalg.eigh(x @ x.transpose(-1, -2))[0]
+
+
+def test_export_falls_back_to_the_tracer_and_a_model_neither_takes_is_one_line(tmp_path, capfd):
+    model = DataDependent().eval()
+    path = export_onnx(model, torch.randn(2, 4), tmp_path / "fallback.onnx", {"variant": "fp32"})
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 4)  # another batch size: the batch stays dynamic
+    np.testing.assert_allclose(session.run(None, {INPUT_NAME: x.numpy()})[0], model(x).detach().numpy(), atol=1e-6)
+    with pytest.raises(UserError, match=r"ONNX export of Unexportable failed with both of torch's exporters "
+                                        r"\(dynamo: .*linalg_eigh.*; TorchScript: .*linalg_eigh") as exc:
+        export_onnx(Unexportable(), torch.randn(2, 3, 3), tmp_path / "never.onnx", {})
+    assert "\n" not in str(exc.value) and sorted(p.name for p in tmp_path.iterdir()) == ["fallback.onnx"]
+    assert "graph" not in capfd.readouterr().out  # the tracer's C++ log stays off stdout (compress --json)
 
 
 @pytest.mark.parametrize("name", ["cnn", "text_transformer"])

@@ -5,6 +5,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
+
 from trainforge.compression.render import recommendation_line, rich_table
 
 from trainforge.console import err, out, print_json
@@ -40,7 +42,9 @@ def compress_command(
         calibration_samples=calibration_samples, device=device, progress=not as_json,
         verify=not no_verify, accuracy_tolerance_pt=accuracy_tolerance,
     )
-    doc = compress(checkpoint, out_dir, options, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    # each message one line (soft_wrap: never broken at the terminal's width), shown as written (no markup)
+    doc = compress(checkpoint, out_dir, options,
+                   log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False, soft_wrap=True))
     if as_json:
         print_json(doc)
         return

@@ -2,6 +2,11 @@
 
     path = export_onnx(model, example, out / "fp32.onnx", meta)    # meta: artifact.artifact_meta(...)
 
+The same exporter serves the zoo, transformers (`model.name: hf`: HFModel's attention mask, computed from the
+pad id inside forward, is part of the graph) and timm models. A model torch.export cannot take is exported by
+the TorchScript tracer instead (`dynamo=False`, also with a dynamic batch); one neither can take is a one-line
+UserError.
+
 The exporter's per-node debugging metadata (source paths, stack traces) is dropped: it is most of the
 graph's bytes for a small model and says nothing a deployed model needs. The weights are stored inside
 the file (no .onnx.data side file), so the artifact's size is one number and it moves as one file.
@@ -10,6 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
+import os
+import re
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,8 +27,10 @@ import torch
 from torch import nn
 
 from trainforge.compression.artifact import INPUT_NAME, OUTPUT_NAME, embed_meta
+from trainforge.errors import UserError
 
 MAX_BATCH = 65536
+LEGACY_OPSET = 18  # the TorchScript fallback's opset (dynamo writes 20); onnxruntime runs both
 
 
 def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]) -> Path:
@@ -27,21 +38,85 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, meta: dict[
     import onnx  # heavy (onnx): loaded only when exporting
 
     model = model.to("cpu").eval()
-    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_name(path.stem + ".export.onnx")
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")  # exporter chatter; failures still raise
-        torch.onnx.export(
-            model, (example[:2].contiguous(),), str(raw), dynamo=True, dynamic_shapes=({0: batch},),
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], external_data=False, optimize=True,
-        )
+    example = example[:2].contiguous()
+    try:
+        _export(model, example, raw, dynamo=True)
+    except Exception as dynamo_error:  # noqa: BLE001  torch.export and its ONNX translation raise many types
+        try:
+            _export(model, example, raw, dynamo=False)
+        except Exception as legacy_error:  # noqa: BLE001
+            raw.unlink(missing_ok=True)
+            raise UserError(f"ONNX export of {type(model).__name__} failed with both of torch's exporters "
+                            f"(dynamo: {_first_line(dynamo_error)}; TorchScript: {_first_line(legacy_error)}); "
+                            "compress cannot write ONNX artifacts for this model; serve its final/ weights "
+                            "from PyTorch") from None
     proto = onnx.load(str(raw))
     raw.unlink()
     slim(proto)
     embed_meta(proto, meta)
     onnx.save_model(proto, str(path), save_as_external_data=False)
     return path
+
+
+def _export(model: nn.Module, example: torch.Tensor, raw: Path, *, dynamo: bool) -> None:
+    """One exporter: dynamo (torch.export; the default), or the TorchScript tracer, the fallback for a model
+    torch.export cannot decompose (e.g. timm's relative-position ViTs in torch 2.14). Both give a dynamic batch."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            _quiet_optimizer():
+        warnings.simplefilter("ignore")  # exporter chatter (the tracer prints its graph on failure); failures still raise
+        if dynamo:
+            batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+            torch.onnx.export(
+                model, (example,), str(raw), dynamo=True, dynamic_shapes=({0: batch},),
+                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], external_data=False, optimize=True,
+            )
+        else:
+            with _stdout_fd_to_devnull():
+                torch.onnx.export(
+                    model, (example,), str(raw), dynamo=False, opset_version=LEGACY_OPSET,
+                    input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                    dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                )
+
+
+def _first_line(error: BaseException) -> str:
+    """The gist of an exporter error: its "Exception summary" line when it has one (dynamo's long reports)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error)).strip()  # dynamo colours its report
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    summary = next((lines[i + 1] for i, line in enumerate(lines[:-1]) if line.startswith("## Exception summary")), None)
+    line = summary or (lines[0] if lines else type(error).__name__)
+    return line[:200]
+
+
+@contextlib.contextmanager
+def _stdout_fd_to_devnull() -> Any:
+    """The TorchScript exporter's C++ log writes to file descriptor 1 directly (torch 2.14 switches it on for every
+    export, and dumps the whole graph when one fails); stdout must stay one JSON document (`compress --json`)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def _quiet_optimizer() -> Any:
+    """onnxscript's constant folder logs each node it could not fold at WARNING ("Evaluation failed: cannot
+    reshape ...", e.g. on a transformers model's attention-mask arithmetic); the node is kept as is and computed
+    at run time, so the message says nothing a user can act on."""
+    logger = logging.getLogger("onnxscript")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def slim(proto: Any) -> None:

@@ -31,7 +31,7 @@ from trainforge.compression import bench
 from trainforge.compression.artifact import FILE_NAMES, artifact_meta
 from trainforge.compression.distill import distillation_loss
 from trainforge.compression.export import export_onnx
-from trainforge.compression.prune import PruneResult, count, prune_model
+from trainforge.compression.prune import PruneResult, PruningUnsupported, count, prune_model
 from trainforge.compression.quantize import INT8_METHODS, choose_method, quantize_onnx
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, mark
 from trainforge.compression.render import report_section
@@ -128,9 +128,15 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     pruning: Optional[dict[str, Any]] = None
     finetune: Optional[dict[str, Any]] = None
     pruned_path: Optional[Path] = None
+    result: Optional[PruneResult] = None
     if options.prune > 0:
         log(f"pruning {options.prune:.0%} of each prunable width")
-        result = prune_model(model, example, options.prune)
+        try:
+            result = prune_model(model, example, options.prune)
+        except PruningUnsupported as e:  # one line; the other variants are still written
+            log(f"warning: {e}")
+            pruning = {"ratio": options.prune, "skipped": str(e)}
+    if result is not None:
         pruning = {k: v for k, v in dataclasses.asdict(result).items() if k != "model"}
         pruned_model = result.model
         if options.finetune_epochs > 0:
@@ -143,7 +149,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
 
     method = None
     if options.quantize == "int8":
-        method = choose_method(model) if options.int8_method == "auto" else options.int8_method
+        method = choose_method(model, example) if options.int8_method == "auto" else options.int8_method
         batches = [calibration.inputs[i:i + 32] for i in range(0, len(calibration.inputs), 32)]
         sources = [("int8", fp32, params, flops, teacher_logits)]
         if pruned_path is not None:

@@ -1,6 +1,6 @@
 """int8 with ONNX Runtime: dynamic for Linear-heavy models, static QDQ per-channel for conv-heavy ones.
 
-    method = choose_method(model)                      # "static" for conv nets, "dynamic" otherwise
+    method = choose_method(model, example)             # "static" for conv nets, "dynamic" otherwise
     quantize_onnx(fp32_path, int8_path, method, calibration=batches)   # batches: numpy arrays from train
 
 Dynamic quantization stores MatMul/Gemm/Gather weights as int8 and quantizes activations on the fly: no
@@ -23,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import numpy as np
+import torch
 from torch import nn
 
 from trainforge.compression.artifact import INPUT_NAME, embed_meta
@@ -57,9 +59,44 @@ class StaticInt8:
 STATIC = StaticInt8()
 
 
-def choose_method(model: nn.Module) -> str:
-    """Static QDQ for models whose compute is convolutions, dynamic for the rest (Linear-heavy)."""
-    return "static" if is_convolutional(model) else "dynamic"
+def choose_method(model: nn.Module, example: Optional[torch.Tensor] = None) -> str:
+    """Static QDQ for models whose compute is convolutions, dynamic for the rest (Linear-heavy).
+
+    With an `example` input the multiply-accumulates of the Conv and Linear layers on it decide: a vision
+    Transformer (a transformers or timm ViT) has a convolution, its patch embedding, but its compute is in
+    Linear layers, where dynamic int8 is both closer to fp32 and smaller. Without one, any Conv2d decides.
+    """
+    if example is None or not is_convolutional(model):
+        return "static" if is_convolutional(model) else "dynamic"
+    conv, linear = layer_macs(model, example[:1])
+    return "static" if conv >= linear else "dynamic"
+
+
+def layer_macs(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
+    """(multiply-accumulates in Conv layers, in Linear layers) of one forward pass on `example`."""
+    totals = {"conv": 0, "linear": 0}
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        if not isinstance(output, torch.Tensor):
+            return
+        if isinstance(module, nn.modules.conv._ConvNd):
+            per_output = module.in_channels // module.groups * math.prod(module.kernel_size)
+            totals["conv"] += output.numel() * per_output
+        else:
+            totals["linear"] += output.numel() * module.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear))]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(example)
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return totals["conv"], totals["linear"]
 
 
 def quantize_onnx(src: Path, dst: Path, method: str, meta: dict[str, Any],

@@ -73,7 +73,9 @@ def report_section(doc: dict[str, Any]) -> str:
         notes.append(escape(recommendation_line(doc)))
     if doc.get("int8_method"):
         notes.append(f"int8: ONNX Runtime {doc['int8_method']} quantization.")
-    if doc.get("pruning"):
+    if doc.get("pruning") and doc["pruning"].get("skipped"):
+        notes.append(f"Pruning skipped: {escape(doc['pruning']['skipped'])}")
+    elif doc.get("pruning"):
         p = doc["pruning"]
         notes.append(f"Pruning: {p['ratio']:.0%} of each prunable width; parameters {p['params_before']:,} → "
                      f"{p['params_after']:,}, FLOPs {_si(p['flops_before'])} → {_si(p['flops_after'])}.")
