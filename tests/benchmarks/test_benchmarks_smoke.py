@@ -1,4 +1,4 @@
-"""The loop-overhead benchmark runs and reports a sane ratio (its figure lives in docs/benchmarks.md)."""
+"""The benchmarks run and report sane figures (the measured ones live in docs/benchmarks.md)."""
 from __future__ import annotations
 
 import importlib.util
@@ -26,3 +26,25 @@ def test_planner_accuracy_benchmark_memory_rows_match():
     rows = module.memory_rows()
     assert len(rows) == len(module.MEMORY_CASES)
     assert all(abs(r["ratio"] - 1) <= 0.05 for r in rows), rows
+
+
+def test_finetune_vs_hf_benchmark_trains_the_same_thing_on_both_sides(capsys):
+    """A few steps of trainforge and transformers.Trainer on the same saved tiny BERT, data, order and settings:
+    the two per-step loss curves coincide (they would part at the first step with another order, other initial
+    weights, other dropout masks, and soon after with another LR or weight decay)."""
+    spec = importlib.util.spec_from_file_location("finetune_vs_hf", BENCH.parent / "finetune_vs_hf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rc = module.main(["--repeats", "1", "--steps", "12", "--skip", "2", "--batch-size", "8", "--seq-len", "32",
+                      "--lr", "3e-3", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"ratio", "step_s", "max_loss_diff", "steps", "settings", "loss", "checks"} <= doc.keys()
+    assert set(doc["step_s"]) == {"trainforge", "hf"} and all(t > 0 for t in doc["step_s"].values())
+    assert doc["steps"] == 12 and doc["settings"]["batch_size"] == 8 and doc["timed_steps_per_side"] == 9
+    assert 0.2 < doc["ratio"] < 5
+    assert doc["checks"]["same_initial_weights"] and doc["checks"]["lr_schedule_max_abs_diff"] == 0
+    assert doc["max_loss_diff"] < 1e-4, doc["max_loss_diff"]
+    loss = doc["loss"]
+    assert abs(loss["trainforge_last_mean"] - loss["hf_last_mean"]) < 1e-4
+    assert loss["trainforge_last_mean"] != loss["trainforge_first"]  # it trained: the curves are not flat
