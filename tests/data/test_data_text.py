@@ -53,8 +53,8 @@ def text_bundle(path: Path, **augment):
     return build_data(data_cfg("jsonl", path=str(path), args={"seq_len": 64}, augment=augment), seed=3)
 
 
-def real_length(x: torch.Tensor) -> int:
-    nz = torch.nonzero(x)
+def real_length(x: torch.Tensor, pad: int = 0) -> int:
+    nz = torch.nonzero(x != pad)
     return int(nz[-1]) + 1 if len(nz) else 0
 
 
@@ -193,3 +193,23 @@ def test_text_classification_trains_with_augmentation_and_resumes_bit_exact(revi
     a = load_file(str(full.run_dir / "final" / "model.safetensors"))
     b = load_file(str(resumed.run_dir / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_token_augmentation_pads_and_masks_with_the_datas_pad_id(tmp_path):
+    """A model tokenizer pads with its own id (here 3, not the byte tokenizer's 0): masked tokens and the padding
+    after a crop or a dropout use it, and 0 is an ordinary token that is kept."""
+    from trainforge.data.base import DataInfo
+    from trainforge.data.pipeline import choose_augment
+
+    info = DataInfo(task="classification", modality="text", input_shape=(12,), input_dtype="int64", num_classes=2,
+                    pad_id=3)
+    aug = choose_augment(AugmentConfig(token_dropout=0.3, token_mask=0.3), info, (0.0, 1.0))
+    x = torch.tensor([7, 0, 8, 9, 10, 0, 11, 12, 3, 3, 3, 3])
+    outs = [aug(x, generator_for("pad", i)) for i in range(100)]
+    for out in outs:
+        n = real_length(out, pad=3)
+        assert (out[n:] == 3).all() and out.shape == x.shape
+        assert set(out[:n].tolist()) <= {7, 0, 8, 9, 10, 11, 12, 3}
+    assert any(3 in out[:real_length(out, pad=3)].tolist() for out in outs), "some tokens are masked with 3"
+    assert sum(real_length(out, pad=3) < 8 for out in outs) > 10, "dropout shortens the text, padded with 3"
+    assert sum(out.tolist().count(0) == 2 for out in outs) > 10, "token 0 is text here: kept unless dropped"

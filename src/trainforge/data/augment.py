@@ -91,20 +91,23 @@ class Augment:
 class TextAugment:
     """Token-level augmentation of one right-padded (T,) int64 sequence; the output has the same shape.
 
-    The text is the tokens up to the last non-pad one (PAD_ID inside it stays a token). In order:
+    The text is the tokens up to the last non-pad one (the pad id inside it stays a token). `pad_id` is the
+    data's padding id (DataInfo.pad_id: PAD_ID for the byte tokenizer, the model tokenizer's own otherwise).
+    In order:
     - token_crop f: keep a random contiguous window of L tokens, L uniform in
       [max(ceil(f * n), min(n, MIN_WINDOW_TOKENS)), n], moved to the start;
     - token_dropout p: delete each token with probability p (never all of them);
-    - token_mask p: replace each token by PAD_ID with probability p (never all of them); the text
+    - token_mask p: replace each token by the pad id with probability p (never all of them); the text
       models ignore pad positions, so a masked token is hidden without shifting the others.
-    The result is right-padded with PAD_ID back to T.
+    The result is right-padded with the pad id back to T.
     """
 
     cfg: AugmentConfig
+    pad_id: int = PAD_ID
 
     def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         cfg = self.cfg
-        real = torch.nonzero(x != PAD_ID)
+        real = torch.nonzero(x != self.pad_id)
         n = int(real[-1]) + 1 if len(real) else 0
         if n == 0:
             return x
@@ -121,8 +124,8 @@ class TextAugment:
         if cfg.token_mask > 0:
             masked = torch.rand(len(tokens), generator=g) < cfg.token_mask
             if not masked.all():
-                tokens = tokens.masked_fill(masked, PAD_ID)
-        out = torch.full_like(x, PAD_ID)
+                tokens = tokens.masked_fill(masked, self.pad_id)
+        out = torch.full_like(x, self.pad_id)
         out[: len(tokens)] = tokens
         return out
 
@@ -145,5 +148,5 @@ def build_augment(cfg: AugmentConfig, *, channels: int, value_range: tuple[float
     return Augment(cfg, channels, value_range) if image_ops_set(cfg) else None
 
 
-def build_text_augment(cfg: AugmentConfig) -> Optional[TextAugment]:
-    return TextAugment(cfg) if text_ops_set(cfg) else None
+def build_text_augment(cfg: AugmentConfig, pad_id: Optional[int] = None) -> Optional[TextAugment]:
+    return TextAugment(cfg, PAD_ID if pad_id is None else pad_id) if text_ops_set(cfg) else None

@@ -162,7 +162,7 @@ def choose_augment(
         return build_augment(cfg, channels=info.input_shape[0], value_range=value_range)
     if info.modality == "text" and info.task == "classification":
         _warn_ignored(image_ops, "image augmentation does not apply to text; use data.augment.token_*")
-        return build_text_augment(cfg)
+        return build_text_augment(cfg, info.pad_id)
     what = "language modelling" if info.task == "lm" else f"{info.modality} data"
     _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not {what}")
     return None
