@@ -11,6 +11,7 @@ The Python API:
 """
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from trainforge.config import Config, load_config
@@ -21,6 +22,18 @@ __all__ = ["Config", "JobFailed", "UserError", "load_config", "train", "evaluate
 
 if TYPE_CHECKING:
     from trainforge.training.loop import TrainResult
+
+
+class _EnumConstantNotes(logging.Filter):
+    """Drops torch's note that registering an Enum as a pytree constant is deprecated: torchao registers its
+    enums when it is imported (by transformers too, for every hf model), one warning line each, none of them
+    about the user's run or fixable by its user."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+logging.getLogger("torch.utils._pytree").addFilter(_EnumConstantNotes())
 
 
 def train(config: Any = None, **kwargs: Any) -> "TrainResult":

@@ -65,8 +65,17 @@ class HFModel(nn.Module):
         return self.model(input_ids=x, attention_mask=mask).logits
 
     def save_native(self, directory: Path) -> None:
-        """The model in transformers' own format (config.json + model.safetensors)."""
-        self.model.save_pretrained(str(directory))
+        """The model in transformers' own format (config.json + model.safetensors), without transformers'
+        "Writing model shards" bar (the run's own console says what is written)."""
+        from transformers.utils import logging as hf_logging  # loaded already: this module built the model
+
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            self.model.save_pretrained(str(directory))
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
 
 
 @register_model("hf", fits=HF_DATA)
