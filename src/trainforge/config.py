@@ -65,7 +65,7 @@ class TokenizerArgsConfig(Section):
 
 
 class FromModelConfig(Section):
-    """Whose tokenizer (`data.tokenizer: model`) the data uses.
+    """Whose tokenizer (`data.tokenizer: model`) or image preprocessing (`data.normalize: model`) the data uses.
     Filled from the model section when left out: hf -> model.args.pretrained (or a config id/dir), timm ->
     model.args.arch, the zoo's resnet with torchvision weights -> model.args.arch and model.args.weights."""
 
@@ -82,7 +82,9 @@ class DataConfig(Section):
     download: bool = False  # torchvision datasets only; never implicit
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.2, ge=0, lt=1)
-    normalize: Literal["zscore", "minmax", "none"] = "zscore"
+    # images and tabular data: fitted on the train split (zscore, minmax) or none; images: model = resized, cropped
+    # and normalized as data.from_model expects (trainforge.data.image_preprocess), stored with the run
+    normalize: Literal["zscore", "minmax", "none", "model"] = "zscore"
     # text: None = the source's own (bytes for jsonl, raw_bytes for textfile); model = data.from_model's
     # tokenizer (AutoTokenizer); bpe = trained on the training split, stored with the run
     tokenizer: Optional[Literal["bytes", "raw_bytes", "model", "bpe"]] = None
@@ -223,17 +225,20 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _data_from_model(self) -> "Config":
-        """`data.tokenizer: model` without data.from_model: the model section says
+        """`data.tokenizer: model` or `data.normalize: model` without data.from_model: the model section says
         which pretrained model it is (the data stage sees only data.*, so the recipe wires it here)."""
-        if self.data.tokenizer == "model" and self.data.from_model is None:
-            self.data.from_model = model_source(self.model)
+        if self.data.from_model is None:
+            if self.data.tokenizer == "model":
+                self.data.from_model = model_source(self.model, "data.tokenizer", "its tokenizer")
+            elif self.data.normalize == "model":
+                self.data.from_model = model_source(self.model, "data.normalize", "its image preprocessing")
         return self
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
 
-def model_source(model: ModelConfig) -> FromModelConfig:
+def model_source(model: ModelConfig, field: str = "data.tokenizer", what: str = "its tokenizer") -> FromModelConfig:
     """The pretrained model a model section names, for its tokenizer or preprocessing."""
     args = model.args
     if model.name == "hf":
@@ -247,9 +252,9 @@ def model_source(model: ModelConfig) -> FromModelConfig:
         named = isinstance(weights, str) and weights.replace("_", "").isalnum()  # DEFAULT, IMAGENET1K_V2; not a path
         return FromModelConfig(family="torchvision", source=args["arch"], weights=weights if named else "DEFAULT")
     raise ValueError(
-        "data.tokenizer: 'model' needs a pretrained model to take them from: model.name hf with "
-        "model.args.pretrained (or a config id or directory), timm with model.args.arch, or resnet with "
-        "model.args.arch; or set data.from_model {family, source}"
+        f"{field}: 'model' needs a pretrained model to take {what} from, and model.name {model.name!r} names none: "
+        "use model.name hf with model.args.pretrained (or a config id or directory), timm with model.args.arch, or "
+        "resnet with model.args.arch; or set data.from_model {family, source}"
     )
 
 

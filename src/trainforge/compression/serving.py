@@ -7,7 +7,8 @@
 One reader per modality, chosen from the artifact's metadata (`trainforge.compression.artifact`):
 - image: image files, read in [0, 1] by `trainforge.data.imageio.read_image` (as the imagefolder
   source reads them), scaled to the training `value_range` (lo + x * (hi - lo): digits' 0..16 ink
-  counts), then normalized per channel;
+  counts), then normalized per channel; a model trained with `data.normalize: model` reads them resized and
+  cropped as its record says (`trainforge.data.image_preprocess`, as training read the files);
 - text: text files (or `-`, standard input), each non-empty line one input, tokenized by the run's
   tokenizer (`bytes`: UTF-8 bytes + 1, padded; `none`: space-separated integer token ids);
 - tabular: CSV files (or `-`) whose header names the run's feature columns, normalized per feature.
@@ -52,7 +53,7 @@ def normalization(stats: Optional[dict[str, Any]], width: int, modality: str, ar
     if not stats or stats.get("kind", "none") == "none":
         return None
     kind = stats["kind"]
-    keys = {"zscore": ("mean", "std"), "minmax": ("min", "max")}.get(kind)
+    keys = {"zscore": ("mean", "std"), "model": ("mean", "std"), "minmax": ("min", "max")}.get(kind)
     if keys is None:
         raise UserError(f"{artifact}: unknown normalization kind {kind!r} in its metadata; re-export it with this version")
     try:
@@ -61,7 +62,7 @@ def normalization(stats: Optional[dict[str, Any]], width: int, modality: str, ar
         raise UserError(f"{artifact}: its {kind} normalization statistics are incomplete; re-export it") from None
     if len(a) != width or len(b) != width:
         raise UserError(f"{artifact}: {kind} statistics for {len(a)} channels/features, the model takes {width}; re-export it")
-    scale = np.maximum(b if kind == "zscore" else b - a, STD_FLOOR)
+    scale = np.maximum(b - a if kind == "minmax" else b, STD_FLOOR)  # zscore, model: b is the std
     constant = stats.get("constant_features", [])  # constant in the train split: scale 1, only centred
     if not isinstance(constant, list) or not all(isinstance(i, int) and 0 <= i < width for i in constant):
         raise UserError(f"{artifact}: its normalization's constant_features must be channel/feature indices "
@@ -137,25 +138,45 @@ def text_lines(data: bytes) -> list[tuple[int, str]]:
 # ---- image --------------------------------------------------------------------------------------------
 
 
-@READERS.register("image")
-def image_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] = None) -> Reader:
-    """Image files -> float32 (C, S, S), as the imagefolder source reads them, then value range and normalization."""
-    channels, height, width = input_shape(meta, 3, artifact)
+def image_file_reader(pre: dict[str, Any], shape: list[int], artifact: str) -> Callable[[str], np.ndarray]:
+    """An image file -> float32 (C, H, W) in [0, 1], as training read it: resized and cropped as the pretrained model
+    expects when the run recorded that (`image_preprocess`), else resized to the square input size."""
+    from trainforge.data.image_preprocess import ImagePreprocess  # Pillow + numpy; the code training used
+    from trainforge.data.imageio import read_image, read_model_image
+
+    channels, height, width = shape
+    if pre.get("image_preprocess") is not None:
+        try:
+            spec = ImagePreprocess.from_json(pre["image_preprocess"])
+        except ValueError as e:
+            raise UserError(f"{artifact}: its image_preprocess metadata is damaged ({e}); re-export it") from None
+        if list(spec.output_shape) != shape:
+            raise UserError(f"{artifact}: its image_preprocess gives {list(spec.output_shape)} inputs, the model takes "
+                            f"{shape}; re-export it")
+        grayscale = bool(pre.get("grayscale", False))
+        return lambda name: read_model_image(name, spec, grayscale)
     if height != width or channels not in (1, 3):
         raise UserError(
             f"{artifact}: the model takes {channels}x{height}x{width} inputs; predict reads images into square "
             "grayscale (1 channel) or RGB (3 channel) arrays only"
         )
+    return lambda name: read_image(name, height, grayscale=channels == 1)
+
+
+@READERS.register("image")
+def image_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] = None) -> Reader:
+    """Image files -> float32 (C, H, W), as the imagefolder source reads them, then value range and normalization."""
+    shape = input_shape(meta, 3, artifact)
     pre = meta.get("preprocess", {})
     lo, hi = (float(v) for v in pre.get("value_range", (0.0, 1.0)))
-    shift_scale = normalization(pre.get("normalize"), channels, "image", artifact)
-    from trainforge.data.imageio import read_image  # Pillow + numpy; the same code the training data used
+    shift_scale = normalization(pre.get("normalize"), shape[0], "image", artifact)
+    read_file = image_file_reader(pre, shape, artifact)
 
     def read(inputs: Sequence[str]) -> Iterator[Sample]:
         require_files(inputs, "image files (PNG, JPEG, ...)", allow_stdin=False)
         for name in inputs:
             try:
-                x = read_image(name, height, grayscale=channels == 1)
+                x = read_file(name)
             except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError ...) for bad files
                 reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                 raise UserError(f"INPUT: {name} is not a readable image ({reason}); pass PNG, JPEG, ... files") from None

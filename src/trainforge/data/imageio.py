@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from trainforge.data.image_preprocess import ImagePreprocess
+
 
 def read_image(path: str, image_size: int, grayscale: bool) -> np.ndarray:
     """float32 (C, S, S) in [0, 1], resized bilinearly to S x S; C is 1 for grayscale, else 3."""
@@ -11,3 +13,9 @@ def read_image(path: str, image_size: int, grayscale: bool) -> np.ndarray:
         img = img.convert("L" if grayscale else "RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
         arr = np.asarray(img, dtype=np.float32) / 255.0
     return np.ascontiguousarray(arr[None] if grayscale else arr.transpose(2, 0, 1))
+
+
+def read_model_image(path: str, preprocess: ImagePreprocess, grayscale: bool) -> np.ndarray:
+    """float32 (C, H, W) in [0, 1], resized and cropped as a pretrained model expects (`data.normalize: model`)."""
+    with Image.open(path) as img:
+        return preprocess.apply_pil(img, grayscale)

@@ -1,6 +1,8 @@
-"""Input normalization fitted on the train split: z-score or min-max, per channel or per feature.
+"""Input normalization fitted on the train split (z-score or min-max, per channel or per feature), or the fixed
+mean and std of a pretrained model (kind "model", `data.normalize: model`; not fitted).
 
     norm = fit_normalizer("zscore", train_batches, modality="image")
+    norm = model_normalizer(mean, std, value_range=(0.0, 16.0))   # the model's values, on the data's pixel scale
     x = norm(x)                                          # one sample
     preprocess["normalize"] = norm.to_json()            # stored with the model
     norm = Normalizer.from_json(preprocess["normalize"], modality="image")   # when serving
@@ -39,11 +41,27 @@ class Normalizer:
         if kind == "minmax":
             lo, hi = torch.tensor(data["min"]), torch.tensor(data["max"])
             return _make(kind, lo, hi, modality, constant)
+        if kind == "model":
+            return _fixed(data["mean"], data["std"])
         raise ValueError(f"unknown normalization kind {kind!r}")
 
 
 def identity() -> Normalizer:
     return Normalizer("none", torch.zeros(()), torch.ones(()), {})
+
+
+def model_normalizer(mean: Sequence[float], std: Sequence[float], value_range: tuple[float, float]) -> Normalizer:
+    """A pretrained model's per-channel mean and std, which are of pixels in [0, 1], on the data's pixel scale
+    [lo, hi] (digits' ink counts 0..16): (x - (lo + mean * (hi - lo))) / (std * (hi - lo)). Stored on that scale."""
+    lo, hi = (float(v) for v in value_range)
+    return _fixed([lo + m * (hi - lo) for m in mean], [s * (hi - lo) for s in std])
+
+
+def _fixed(mean: Sequence[float], std: Sequence[float]) -> Normalizer:
+    """Kind "model": derived in float64 and rounded to float32 like `_make` (serving does the same in numpy)."""
+    a, b = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+    stats = {"mean": a.tolist(), "std": b.tolist()}
+    return Normalizer("model", a.float().reshape(-1, 1, 1), b.float().reshape(-1, 1, 1), stats)
 
 
 def _make(kind: str, a: torch.Tensor, b: torch.Tensor, modality: str, constant: Sequence[int]) -> Normalizer:

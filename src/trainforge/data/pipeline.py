@@ -1,4 +1,4 @@
-"""source -> clean -> split -> normalize (fit on train) -> augment (train only) -> DataBundle."""
+"""source -> clean -> [model's resize + crop] -> split -> normalize (fit on train) -> augment (train only) -> DataBundle."""
 from __future__ import annotations
 
 import warnings
@@ -20,8 +20,9 @@ from trainforge.data.augment import (
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.clean import clean_tensor_pool, clean_text_pool
 from trainforge.data.datasets import EvalDataset, TrainDataset
-from trainforge.data.normalize import Normalizer, fit_normalizer, identity
-from trainforge.data.pool import Pool, TensorSamples, TextCorpus, TextSamples
+from trainforge.data.image_preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
+from trainforge.data.normalize import Normalizer, fit_normalizer, identity, model_normalizer
+from trainforge.data.pool import Pool, Samples, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
 from trainforge.data.sources.textfile import ByteWindows
 from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
@@ -41,7 +42,7 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         json.dump(bundle.report, f)             # -> data_report.json
 
     `stored`: the preprocessing record of a trained model or checkpoint (eval, compress, resume): its tokenizer
-    is used as it is, never loaded or trained anew.
+    and its image preprocessing (`data.normalize: model`) are used as they are, never loaded or trained anew.
     Raises UserError for any problem with the config, the files or the data.
     """
     result = SOURCES.get(cfg.source)(cfg, seed=seed)
@@ -61,6 +62,11 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
             f"(dropped: {pool.drops.counts}); check data.path and data.args",
             public=True,
         )
+    spec = None
+    if cfg.normalize == "model":
+        spec = model_preprocessing(pool, cfg, stored)
+        if spec is not None:
+            pool = preprocess_images(pool, spec, cfg)
     splits, method = split_pool(pool, cfg, seed)
     if isinstance(pool.samples, TextSamples):  # the tokenizer is fitted on the train split only, like normalization
         texts = pool.samples.texts
@@ -69,7 +75,10 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     if cfg.tokenizer is not None and info.modality != "text":
         warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
     scaled = info.modality in ("image", "tabular")
-    normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
+    if spec is not None:
+        normalizer = model_normalizer(spec.mean, spec.std, pool.value_range)
+    else:
+        normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
     normalize = None if normalizer.kind == "none" else normalizer
     augment = choose_augment(cfg.augment, info, pool.value_range)
 
@@ -150,6 +159,67 @@ def tokenize_corpus(pool: Pool, tok: TextTokenizer) -> Pool:
 
 def tokenizer_note(tok: TextTokenizer, extra: dict[str, Any]) -> dict[str, Any]:
     return {"kind": tok.kind, "origin": tok.origin, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, **extra}
+
+
+def model_preprocessing(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Optional[ImagePreprocess]:
+    """`data.normalize: model`: the stored preprocessing when there is one (eval, compress, resume: the model's
+    library is not asked again), else data.from_model's, resolved now. None (with a warning) for text."""
+    modality = pool.info.modality
+    if modality != "image":
+        why = f"data.source={cfg.source!r} gives {modality} data; the model's preprocessing is for images"
+        if modality == "tabular":
+            raise UserError(f"data.normalize: 'model' does not apply: {why}; use zscore, minmax or none", public=True)
+        warnings.warn(f"data.normalize: model ignored: {why}")
+        return None
+    if stored is not None and stored.get("image_preprocess"):
+        return ImagePreprocess.from_json(stored["image_preprocess"])
+    if cfg.from_model is None:
+        raise UserError("data.normalize: model needs data.from_model {family, source}: whose preprocessing (a recipe "
+                        "fills it from its model section)", public=True)
+    return resolve_image_preprocess(cfg.from_model)
+
+
+class ModelSizedTensors:
+    """The samples of a source that holds images as tensors (digits, synthetic images, a custom source), resized
+    and cropped as the pretrained model expects; the pixel scale stays the source's."""
+
+    def __init__(self, samples: Samples, spec: ImagePreprocess) -> None:
+        self.samples, self.spec = samples, spec
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.samples[index]
+        return self.spec.apply_tensor(x), y
+
+
+def preprocess_images(pool: Pool, spec: ImagePreprocess, cfg: DataConfig) -> Pool:
+    """Samples as the model expects them: a source that has the images themselves (files, PIL images) reads them
+    with Pillow as the model's library does (and as predict does); one with tensors resizes them with torchvision.
+    The model sees the crop size: info.input_shape and the preprocessing record say so."""
+    h, w = spec.output_hw
+    own = getattr(pool.samples, "with_image_preprocess", None)
+    if own is not None:
+        if "image_size" in cfg.args:
+            warnings.warn(f"data.args.image_size ignored: data.normalize: model resizes and crops to the model's "
+                          f"{h}x{w} ({spec.origin})")
+        pool.samples = own(spec)
+    else:
+        channels = pool.info.input_shape[0]
+        if not (channels == spec.channels or (channels == 1 and spec.channels == 3)):  # gray is repeated to RGB
+            raise UserError(f"data.normalize: model: {spec.origin} takes {spec.channels}-channel images, "
+                            f"data.source={cfg.source!r} gives {channels}; use data.normalize zscore", public=True)
+        if spec.interpolation not in TENSOR_FILTERS:
+            raise UserError(f"data.normalize: model: {spec.origin} resizes with {spec.interpolation}, which "
+                            f"torchvision does not do on tensors (data.source={cfg.source!r}); use an image folder "
+                            "or data.normalize zscore", public=True)
+        pool.samples = ModelSizedTensors(pool.samples, spec)
+    pool.info = replace(pool.info, input_shape=spec.output_shape)
+    pool.preprocess = {**pool.preprocess, "image_size": h if h == w else [h, w], "channels": spec.channels,
+                       "image_preprocess": spec.to_json()}
+    pool.notes = {**pool.notes, "image_preprocess": spec.describe()}
+    return pool
 
 
 def choose_augment(

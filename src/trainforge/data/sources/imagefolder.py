@@ -2,13 +2,15 @@
 
 Every image file is read once at build time: exact duplicates (SHA-256 of the file bytes) and
 files that do not decode completely are dropped and counted. Pixels are then loaded lazily, per
-sample, resized to image_size x image_size, as float32 in [0, 1].
+sample, resized to image_size x image_size, as float32 in [0, 1] (under `data.normalize: model`: resized
+and cropped as the pretrained model expects, image_size unused).
 """
 from __future__ import annotations
 
 import hashlib
 import io
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -17,7 +19,8 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.imageio import read_image
+from trainforge.data.image_preprocess import ImagePreprocess
+from trainforge.data.imageio import read_image, read_model_image
 from trainforge.data.pool import DropLog, Pool
 from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
@@ -41,15 +44,25 @@ def decodes(data: bytes) -> bool:
 
 
 class ImageFiles:
-    def __init__(self, paths: list[str], labels: np.ndarray, image_size: int, grayscale: bool) -> None:
+    def __init__(self, paths: list[str], labels: np.ndarray, image_size: int, grayscale: bool,
+                 preprocess: Optional[ImagePreprocess] = None) -> None:
         self.paths, self.labels, self.image_size, self.grayscale = paths, labels, image_size, grayscale
+        self.preprocess = preprocess
 
     def __len__(self) -> int:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = load_image(self.paths[index], self.image_size, self.grayscale)
+        path = self.paths[index]
+        if self.preprocess is None:
+            x = load_image(path, self.image_size, self.grayscale)
+        else:
+            x = torch.from_numpy(read_model_image(path, self.preprocess, self.grayscale))
         return x, torch.tensor(int(self.labels[index]))
+
+    def with_image_preprocess(self, preprocess: ImagePreprocess) -> "ImageFiles":
+        """The same files, each read as the pretrained model expects (from the file, with Pillow, as predict does)."""
+        return ImageFiles(self.paths, self.labels, self.image_size, self.grayscale, preprocess)
 
 
 class ImageFolderArgs(SourceArgs):

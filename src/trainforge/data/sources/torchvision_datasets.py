@@ -12,11 +12,13 @@ import numpy as np
 import torch
 import torchvision.datasets
 import torchvision.transforms.v2.functional as TF
+from PIL import Image
 from pydantic import Field
 from torch.utils.data import Dataset
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
+from trainforge.data.image_preprocess import ImagePreprocess
 from trainforge.data.pool import Pool
 from trainforge.data.roots import confine, confined_roots
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args
@@ -33,10 +35,12 @@ class TorchvisionArgs(SourceArgs):
 
 
 class TorchvisionSamples:
-    """The concatenation of one or two torchvision datasets, as float32 (C, H, W) in [0, 1]."""
+    """The concatenation of one or two torchvision datasets, as float32 (C, H, W) in [0, 1]; resized to image_size,
+    or with `preprocess` (data.normalize: model) resized and cropped as the pretrained model expects."""
 
-    def __init__(self, parts: list[Dataset], image_size: Optional[int]) -> None:
-        self.parts, self.image_size = parts, image_size
+    def __init__(self, parts: list[Dataset], image_size: Optional[int],
+                 preprocess: Optional[ImagePreprocess] = None) -> None:
+        self.parts, self.image_size, self.preprocess = parts, image_size, preprocess
         self.offsets = np.cumsum([0] + [len(p) for p in parts])
 
     def __len__(self) -> int:
@@ -45,10 +49,17 @@ class TorchvisionSamples:
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         image, label = self.parts[part][index - int(self.offsets[part])]
+        if self.preprocess is not None and isinstance(image, Image.Image):  # as the model's own transforms: on PIL
+            return torch.from_numpy(self.preprocess.apply_pil(image)), torch.tensor(int(label))
         x = TF.to_dtype(TF.to_image(image), torch.float32, scale=True).as_subclass(torch.Tensor)
-        if self.image_size is not None:
+        if self.preprocess is not None:
+            x = self.preprocess.apply_tensor(x)
+        elif self.image_size is not None:
             x = TF.resize(x, [self.image_size, self.image_size], antialias=True)
         return x, torch.tensor(int(label))
+
+    def with_image_preprocess(self, preprocess: ImagePreprocess) -> "TorchvisionSamples":
+        return TorchvisionSamples(self.parts, self.image_size, preprocess)
 
 
 def dataset_class(name: str) -> type:
