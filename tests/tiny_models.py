@@ -2,6 +2,7 @@
 fast tokenizer), so tests load them through exactly the code users run with hub ids. Nothing downloads."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterable
 
@@ -21,6 +22,13 @@ def corpus(n: int = 400) -> list[str]:
     """Deterministic sentences over WORDS (tokenizer training text)."""
     g = torch.Generator().manual_seed(0)
     return [" ".join(WORDS[int(i)] for i in torch.randint(len(WORDS), (8,), generator=g)) for _ in range(n)]
+
+
+def write_labelled_texts(path: Path, texts: Iterable[str]) -> Path:
+    """A text-classification JSONL file (`data.source: jsonl`): {"text", "label"} a line, label 1 where the text
+    mentions apple."""
+    path.write_text("".join(json.dumps({"text": t, "label": int("apple" in t.split())}) + "\n" for t in texts))
+    return path
 
 
 def wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 200):
@@ -54,26 +62,29 @@ def bytelevel_tokenizer(texts: Iterable[str], vocab_size: int = 320):
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
-def save_tiny_bert(path: Path, *, num_labels: int = 2, seed: int = 1) -> Path:
-    """A BERT sequence classifier with its WordPiece tokenizer, as `save_pretrained` writes it."""
+def save_tiny_bert(path: Path, *, num_labels: int = 2, seed: int = 1, **config) -> Path:
+    """A BERT sequence classifier with its WordPiece tokenizer, as `save_pretrained` writes it; `config` overrides
+    BertConfig fields (e.g. hidden_dropout_prob=0.0 where runs of different world sizes must match)."""
     from transformers import AutoModelForSequenceClassification, BertConfig
 
     tok = wordpiece_tokenizer(corpus())
     torch.manual_seed(seed)
-    config = BertConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, num_labels=num_labels, **TINY_BERT)
+    config = BertConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, num_labels=num_labels,
+                        **{**TINY_BERT, **config})
     AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 
 
-def save_tiny_llama(path: Path, *, seed: int = 1) -> Path:
-    """A Llama-shaped causal LM with its byte-level BPE tokenizer, as `save_pretrained` writes it."""
+def save_tiny_llama(path: Path, *, seed: int = 1, **config) -> Path:
+    """A Llama-shaped causal LM with its byte-level BPE tokenizer, as `save_pretrained` writes it; `config`
+    overrides LlamaConfig fields (e.g. tie_word_embeddings=True)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     tok = bytelevel_tokenizer(corpus())
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         **TINY_LLAMA)
+                         **{**TINY_LLAMA, **config})
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path

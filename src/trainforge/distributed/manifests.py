@@ -8,18 +8,25 @@ Every job file embeds the resolved recipe, so it runs without the recipe file, a
 rendezvous. DIR lies on storage that outlives a node (Slurm: the shared filesystem the job is
 submitted from; Kubernetes: a PersistentVolumeClaim; SkyPilot: a cloud bucket), so a job that the
 engine restarts after a failure or a preemption continues from its newest checkpoint.
+
+Pretrained models and weights the recipe names (`model.args.pretrained`, `data.from_model`, ...) are read by
+every node itself: the job file says at its top which, and from where (a hub id: the node's cache, else the
+hub; a path: that path on the node), and a local path is also a warning when the file is written, since the
+cluster's nodes rarely have the folder that the machine writing the job file has.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
 import shlex
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, NoReturn, Optional
+from pathlib import Path
+from typing import Any, Callable, Literal, NoReturn, Optional
 
 import yaml
 
-from trainforge.config import load_config
+from trainforge.config import Config, load_config
 from trainforge.errors import UserError
 from trainforge.registry import Registry
 
@@ -35,6 +42,119 @@ TERM_GRACE_S = 120  # SIGTERM this long before the kill: time for every rank to 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SLURM_WORD = re.compile(r"[A-Za-z0-9._,:-]+\Z")  # safe inside an #SBATCH line, which sbatch parses itself
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """A pretrained model or weight set the job loads on every node: the config fields that name it, the value,
+    and where a node finds it: `path` (that path on the node), else `hf` (a hub id: the Hugging Face cache, else
+    the hub), `timm` (timm's own weights of an architecture: the same) or `torchvision` (a weight set: torch's
+    hub cache, else a download)."""
+
+    fields: tuple[str, ...]
+    value: str
+    kind: Literal["path", "hf", "timm", "torchvision"]
+
+
+def pretrained_sources(cfg: Config) -> list[Pretrained]:
+    """What `cfg` loads from outside the job file, one entry per distinct source, in config order."""
+    model, args, found = cfg.model, cfg.model.args, []
+
+    def add(field_name: str, value: Any, kind: str) -> None:
+        if isinstance(value, str) and value:
+            kind = "path" if kind == "path" or (kind == "hf" and _looks_local(value)) else kind
+            same = next((p for p in found if p.value == value), None)
+            if same is None:
+                found.append(Pretrained((field_name,), value, kind))
+            else:
+                found[found.index(same)] = dataclasses.replace(same, fields=(*same.fields, field_name))
+
+    if model.name == "hf":
+        for key in ("pretrained", "config"):
+            add(f"model.args.{key}", args.get(key), "hf")
+    elif model.name == "timm":
+        pretrained = args.get("pretrained")
+        if pretrained is True:
+            add("model.args.pretrained", args.get("arch"), "timm")
+        else:
+            add("model.args.pretrained", pretrained, "path")
+    elif model.name == "resnet":
+        add("model.args.weights", args.get("weights"), _weights_kind(args.get("weights")))
+    source = cfg.data.from_model
+    if source is not None:
+        if source.family == "hf":
+            add("data.from_model.source", source.source, "hf")
+        add("data.from_model.weights", source.weights, _weights_kind(source.weights))
+    return found
+
+
+def _looks_local(value: str) -> bool:
+    # as the loaders read it: a folder that exists is read as one, and so is anything shaped like a path
+    return (value.startswith(("/", "~", ".")) or "\\" in value or value.count("/") > 1
+            or Path(value).expanduser().exists())
+
+
+def _weights_kind(weights: Any) -> str:
+    # a torchvision weight-set name (DEFAULT, IMAGENET1K_V2), as config.model_source tells them apart; else a file
+    return "torchvision" if isinstance(weights, str) and weights.replace("_", "").isalnum() else "path"
+
+
+# Where each target's nodes can read a local path, and how they keep a downloaded model between starts.
+LOCAL_PATH_HINT = {
+    "slurm": "on the shared filesystem; a relative path is read from the directory you sbatch from",
+    "k8s": f"in the image, or on the PVC, which is mounted at {K8S_RUNS_MOUNT}",
+    "skypilot": f"in the bucket that --bucket mounts at {SKYPILOT_RUNS_MOUNT}, or in a file_mounts entry you add",
+}
+CACHE_HINT = {
+    "slurm": "the job inherits the environment of the shell you sbatch from, HF_HOME and TORCH_HOME included",
+    "k8s": f"a pod's own cache is lost with it: --env HF_HOME={K8S_RUNS_MOUNT}/.cache/huggingface (or TORCH_HOME) "
+           "keeps it on the PVC",
+    "skypilot": "--env HF_HOME=... (or TORCH_HOME) names a cache the nodes share",
+}
+_CACHES = {"hf": ("the Hugging Face cache", "HF_HOME"), "timm": ("the Hugging Face cache", "HF_HOME"),
+           "torchvision": ("torch's hub cache", "TORCH_HOME")}
+
+
+def pretrained_notes(target: str, sources: tuple[Pretrained, ...]) -> list[str]:
+    """Comment lines for the top of the job file: what each node loads and from where. Values are quoted with
+    repr(), which escapes line breaks: a value can never end its comment and become a line of the script."""
+    if not sources:
+        return []
+    lines = ["Pretrained models this job loads (every node reads them itself):"]
+    for p in sources:
+        fields = ", ".join(p.fields)
+        if p.kind == "path":
+            lines.append(f"  {p.value!r} ({fields}): a path; it must exist there on every node, "
+                         f"{LOCAL_PATH_HINT.get(target, 'on storage every node mounts')}")
+            continue
+        cache, env = _CACHES[p.kind]
+        what = {"hf": "a Hugging Face hub id", "timm": "timm's own weights of this architecture",
+                "torchvision": "a torchvision weight set"}[p.kind]
+        lines.append(f"  {p.value!r} ({fields}): {what}, read from {cache} of the node (${env}), else downloaded")
+    if any(p.kind != "path" for p in sources):
+        lines += ["  Nodes without network need it in their cache first (`hf download ID` for a hub id) and",
+                  "  --env HF_HUB_OFFLINE=1; " + CACHE_HINT.get(target, "--env HF_HOME=... names the cache") + "."]
+    return lines
+
+
+def _warn_local_paths(target: str, sources: tuple[Pretrained, ...]) -> None:
+    for p in sources:
+        if p.kind == "path":
+            warnings.warn(f"{' and '.join(p.fields)}: {p.value!r} is a local path; the job's nodes read it at that "
+                          f"path, so it must exist there on each of them "
+                          f"({LOCAL_PATH_HINT.get(target, 'on storage every node mounts')}), or name a hub id",
+                          stacklevel=3)
+
+
+def _with_comments(text: str, comments: list[str]) -> str:
+    """`comments` as `#` lines at the top of a job file (after a `#!` line, which must stay first)."""
+    if not comments:
+        return text
+    block = "".join(f"# {line}\n" for line in comments)
+    if text.startswith("#!"):
+        first, _, rest = text.partition("\n")
+        return f"{first}\n{block}{rest}"
+    return block + text
 
 
 @dataclass(frozen=True)
@@ -61,6 +181,7 @@ class JobSpec:
     mem_per_node_gib: Optional[int] = None
     port: int = 29500  # c10d rendezvous port on the head node
     env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. {"NCCL_DEBUG": "INFO"}
+    pretrained: tuple[Pretrained, ...] = ()  # what the nodes load besides the recipe (launch_text fills it)
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -124,8 +245,11 @@ def run_dir_for(spec: JobSpec, shared_root: str = "runs") -> str:
 
 
 def render(target: str, spec: JobSpec) -> str:
-    """The job file for `target` (one of LAUNCHERS.names()) as text, ready to write and submit."""
-    return LAUNCHERS.get(target)(spec)
+    """The job file for `target` (one of LAUNCHERS.names()) as text, ready to write and submit; a warning for
+    each local path among `spec.pretrained`."""
+    text = LAUNCHERS.get(target)(spec)
+    _warn_local_paths(target, spec.pretrained)
+    return _with_comments(text, pretrained_notes(target, spec.pretrained))
 
 
 def launch_text(target: str, recipe: Optional[str], overrides: list[str], **options: Any) -> str:
@@ -134,14 +258,14 @@ def launch_text(target: str, recipe: Optional[str], overrides: list[str], **opti
     `options` are JobSpec fields (nodes=4, gpus_per_node=8, ...); `name` defaults to the recipe's.
     """
     LAUNCHERS.get(target)  # an unknown target fails before the recipe is read
-    fields = {f.name for f in dataclasses.fields(JobSpec)} - {"config_yaml"}
+    fields = {f.name for f in dataclasses.fields(JobSpec)} - {"config_yaml", "pretrained"}
     unknown = sorted(set(options) - fields)
     if unknown:
         _bad(unknown[0], f"unknown option; valid: {', '.join('--' + f.replace('_', '-') for f in sorted(fields))}")
     cfg = load_config(recipe, overrides)
     options = {k: v for k, v in options.items() if v is not None}  # None: the option was not given
     options.setdefault("name", cfg.name)
-    return render(target, JobSpec(config_yaml=cfg.to_yaml(), **options))
+    return render(target, JobSpec(config_yaml=cfg.to_yaml(), pretrained=tuple(pretrained_sources(cfg)), **options))
 
 
 def _config_text(spec: JobSpec) -> str:
