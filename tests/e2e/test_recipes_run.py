@@ -29,8 +29,57 @@ SCALE_DOWN = {
 }
 
 
+# recipes that fine-tune a hub model on the user's files: run offline on tiny local stand-ins of the model
+# (tests/tiny_models.py, saved with save_pretrained) and of the files, through the recipe's own settings
+ON_FILES = {
+    "textcls_finetune": lambda f: [f"data.path={f['reviews']}", f"model.args.pretrained={f['bert']}",
+                                   "data.args.seq_len=32", "train.global_batch_size=8"],
+    "causal_lm_finetune": lambda f: [f"data.path={f['docs']}", f"model.args.pretrained={f['llama']}",
+                                     "data.args.block_size=32", "train.global_batch_size=4"],
+}
+
+
 def test_every_recipe_has_a_scaled_down_run():
-    assert set(SCALE_DOWN) == set(builtin_recipes())
+    assert set(SCALE_DOWN) | set(ON_FILES) == set(builtin_recipes())
+    assert not set(SCALE_DOWN) & set(ON_FILES)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    from tiny_models import corpus, save_tiny_bert, save_tiny_llama
+
+    root = tmp_path_factory.mktemp("files")
+    texts = corpus(120)
+    reviews = root / "reviews.jsonl"
+    reviews.write_text("".join(json.dumps({"text": t, "label": "warm" if "red" in t else "cold"}) + "\n"
+                               for t in texts))
+    docs = root / "docs"
+    docs.mkdir()
+    for i in range(3):
+        (docs / f"doc{i}.txt").write_text("\n".join(texts[i * 40:(i + 1) * 40]))
+    return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"),
+            "llama": save_tiny_llama(root / "llama")}
+
+
+@pytest.mark.parametrize("name", sorted(ON_FILES))
+def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path, capsys):
+    """The recipe as shipped (hub id and all) with only its data and model paths and sizes overridden: it trains,
+    evaluates with the model's tokenizer and writes final/hf that transformers loads."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    recipe = load_config(name)
+    assert recipe.model.name == "hf" and recipe.data.tokenizer == "model" and not Path(recipe.data.path).is_absolute()
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as code:
+        main(["train", name, *COMMON, *ON_FILES[name](files), "--run-dir", str(run), "--json"])
+    assert code.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "completed" and doc["steps"] == 2
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["loss"] > 0 and (("perplexity" in ev) == (name == "causal_lm_finetune"))
+    assert AutoConfig.from_pretrained(run / "final" / "hf").model_type in ("bert", "llama")
+    assert len(AutoTokenizer.from_pretrained(run / "final" / "hf")) == len(AutoTokenizer.from_pretrained(
+        files["bert" if name == "textcls_finetune" else "llama"]))
 
 
 @pytest.mark.parametrize("name", sorted(SCALE_DOWN))
