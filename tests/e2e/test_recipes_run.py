@@ -8,7 +8,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import timm
+import torch
+from PIL import Image
+from safetensors.torch import save_file
 
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
 from trainforge.cli import main
@@ -36,6 +41,9 @@ ON_FILES = {
                                    "data.args.seq_len=32", "train.global_batch_size=8"],
     "causal_lm_finetune": lambda f: [f"data.path={f['docs']}", f"model.args.pretrained={f['llama']}",
                                      "data.args.block_size=32", "train.global_batch_size=4"],
+    # timm's tiny test_resnet (its data config: 160x160 crops) stands in for ConvNeXt, weights from a file
+    "images_finetune": lambda f: [f"data.path={f['photos']}", "model.args.arch=test_resnet",
+                                  f"model.args.pretrained={f['timm']}", "train.global_batch_size=4"],
 }
 
 
@@ -57,18 +65,29 @@ def files(tmp_path_factory) -> dict[str, Path]:
     docs.mkdir()
     for i in range(3):
         (docs / f"doc{i}.txt").write_text("\n".join(texts[i * 40:(i + 1) * 40]))
+    photos = root / "photos"
+    rng = np.random.default_rng(0)
+    for label in ("cat", "dog"):
+        (photos / label).mkdir(parents=True)
+        for i in range(10):  # photos of different sizes and shapes, as a phone folder has
+            h, w = int(rng.integers(120, 260)), int(rng.integers(120, 260))
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(photos / label / f"{i}.jpg")
+    weights = root / "test_resnet.safetensors"
+    torch.manual_seed(0)
+    save_file(timm.create_model("test_resnet", pretrained=False).state_dict(), str(weights))
     return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"),
-            "llama": save_tiny_llama(root / "llama")}
+            "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights}
 
 
 @pytest.mark.parametrize("name", sorted(ON_FILES))
 def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path, capsys):
     """The recipe as shipped (hub id and all) with only its data and model paths and sizes overridden: it trains,
-    evaluates with the model's tokenizer and writes final/hf that transformers loads."""
+    evaluates with the model's tokenizer or preprocessing and writes final/hf that transformers loads (hf)."""
     from transformers import AutoConfig, AutoTokenizer
 
     recipe = load_config(name)
-    assert recipe.model.name == "hf" and recipe.data.tokenizer == "model" and not Path(recipe.data.path).is_absolute()
+    assert not Path(recipe.data.path).is_absolute()
+    assert recipe.data.tokenizer == "model" if recipe.model.name == "hf" else recipe.data.normalize == "model"
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as code:
         main(["train", name, *COMMON, *ON_FILES[name](files), "--run-dir", str(run), "--json"])
@@ -77,6 +96,10 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     assert doc["status"] == "completed" and doc["steps"] == 2
     ev = json.loads((run / "eval.json").read_text())
     assert ev["loss"] > 0 and (("perplexity" in ev) == (name == "causal_lm_finetune"))
+    if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
+        pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
+        assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]
+        return
     assert AutoConfig.from_pretrained(run / "final" / "hf").model_type in ("bert", "llama")
     assert len(AutoTokenizer.from_pretrained(run / "final" / "hf")) == len(AutoTokenizer.from_pretrained(
         files["bert" if name == "textcls_finetune" else "llama"]))
