@@ -2,23 +2,54 @@
 
     config = from_hub(AutoConfig.from_pretrained, "bert-base-uncased", "config", field="model.args.pretrained")
 
-The hub is asked only when the source is neither a local directory nor cached, and never with
-`HF_HUB_OFFLINE=1`. In a job of the server a local directory is checked against its data roots again
+The hub is asked only when the source is neither a local directory nor cached, never with
+`HF_HUB_OFFLINE=1`, and only once one connection to it has succeeded (`hub_reachable`): on a machine without
+network the libraries would otherwise retry for most of a minute before saying so. In a job of the server a local directory is checked against its data roots again
 (`data.roots.local_path`). What cannot be found is one line (a UserError) naming the field, the id and how to
 fetch it. Used by the `hf` models and by the data stage (the model's tokenizer and image preprocessing).
 """
 from __future__ import annotations
 
+import functools
 import os
+import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+from urllib.parse import urlsplit
 
 from trainforge.data.roots import local_path
 from trainforge.errors import UserError
 
 
+HUB_CONNECT_TIMEOUT_S = 3.0
+
+
 def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("", "0", "false")
+
+
+@functools.lru_cache(maxsize=None)
+def hub_unreachable(endpoint: str) -> Optional[str]:
+    """Why `endpoint` cannot be reached (name not resolved, connection refused or timed out), or None when one
+    TCP connection to it succeeds. Asked once per process and endpoint."""
+    url = urlsplit(endpoint)
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        return f"{host}:{port} could not be reached: {e.strerror or type(e).__name__}"
+    return None
+
+
+def hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+def why_not_hub() -> Optional[str]:
+    """Why the hub is not asked (HF_HUB_OFFLINE, or no connection to it), or None when it may be."""
+    if hub_offline():
+        return "HF_HUB_OFFLINE is set, so the hub was not asked"
+    return hub_unreachable(hub_endpoint())
 
 
 def from_hub(loader: Callable[..., Any], source: str, what: str, *, field: str, **kwargs: Any) -> Any:
@@ -34,8 +65,9 @@ def from_hub(loader: Callable[..., Any], source: str, what: str, *, field: str, 
         return loader(source, local_files_only=True, **kwargs)
     except OSError:
         pass
-    if hub_offline():
-        raise UserError(not_found(source, what, "HF_HUB_OFFLINE is set, so the hub was not asked", field), public=True)
+    why = why_not_hub()
+    if why is not None:
+        raise UserError(not_found(source, what, why, field), public=True)
     try:
         return loader(source, **kwargs)
     except OSError as e:

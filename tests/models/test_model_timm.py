@@ -70,3 +70,46 @@ def test_fine_tuning_a_timm_model_on_digits(tmp_path, weights):
     result = trainforge.train(cfg, run_dir=tmp_path / "run")
     assert result.status == "completed" and 0 <= result.eval["accuracy"] <= 1
     assert trainforge.evaluate(result.run_dir)["accuracy"] == result.eval["accuracy"]
+
+
+def test_timms_own_weights_come_from_the_cache_without_asking_the_hub(weights, tmp_path, monkeypatch):
+    """`pretrained: true` with the weights in the Hugging Face cache (as `hf download timm/...` leaves them):
+    loaded from there, even with the hub reachable in principle, and no connection is attempted."""
+    import huggingface_hub.constants
+    from safetensors.torch import load_file
+
+    from trainforge import hub
+
+    hub.hub_unreachable.cache_clear()  # a remembered answer would hide a connection attempt
+    snapshot = tmp_path / "hub" / "models--timm--test_resnet.r160_in1k" / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").write_bytes(weights.read_bytes())
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr("socket.create_connection", no_network)
+    monkeypatch.setattr(timm.models._builder, "download_cached_file", no_network)
+    model, _ = build_model(timm_cfg(pretrained=True), GRAY)
+    saved = load_file(str(weights))
+    assert torch.equal(model.state_dict()["layer1.0.conv1.weight"], saved["layer1.0.conv1.weight"])
+
+
+def test_an_unreachable_hub_is_one_line_at_once(monkeypatch):
+    """Not cached, HF_HUB_OFFLINE unset, no route to the hub: one line within seconds, not a minute of retries."""
+    import time
+
+    from trainforge import hub
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens, refused at once
+    hub.hub_unreachable.cache_clear()
+    start = time.monotonic()
+    with pytest.raises(UserError, match=r"timm's weights for 'test_vit'.*127.0.0.1:9 could not be reached"):
+        build_model(ModelConfig(name="timm", args={"arch": "test_vit", "pretrained": True}), GRAY)
+    assert time.monotonic() - start < hub.HUB_CONNECT_TIMEOUT_S + 2
+    hub.hub_unreachable.cache_clear()

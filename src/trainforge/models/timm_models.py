@@ -17,13 +17,14 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 from torch import nn
 
 from trainforge.data.base import DataInfo
 from trainforge.data.roots import local_path
 from trainforge.errors import UserError
+from trainforge.hub import hub_offline, why_not_hub
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.zoo import IMAGE_CLASSIFICATION, input_spec, register_model
 
@@ -74,12 +75,34 @@ def _head_prefixes(model: nn.Module) -> tuple[str, ...]:
 
 
 def _from_hub(timm, arch: str, kwargs: dict) -> nn.Module:
-    try:
-        return timm.create_model(arch, pretrained=True, **kwargs)
-    except (OSError, RuntimeError) as e:  # huggingface_hub's LocalEntryNotFoundError is an OSError
-        why = "HF_HUB_OFFLINE is set" if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0") else (
-            str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__)
-        hub_id = timm.models.get_pretrained_cfg(arch).hf_hub_id if timm.models.get_pretrained_cfg(arch) else arch
-        raise UserError(f"model.args.pretrained: timm's weights for {arch!r} are not in the Hugging Face cache and "
-                        f"could not be fetched ({why}); on a machine with network run `hf download {hub_id}` and "
-                        "copy ~/.cache/huggingface here, or set model.args.pretrained to a weights file") from None
+    """timm's own weights of `arch`: from the Hugging Face cache without a word to the hub when they are there,
+    else downloaded when the hub may be asked and answers; else one line saying how to fetch them."""
+    cfg = timm.models.get_pretrained_cfg(arch)
+    hub_id = getattr(cfg, "hf_hub_id", None) or None
+    cached = cached_weights(hub_id) if hub_id else None
+    if cached is not None:
+        return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=cached), **kwargs)
+    why = why_not_hub() if hub_id else ("HF_HUB_OFFLINE is set" if hub_offline() else None)
+    if why is None:
+        try:
+            return timm.create_model(arch, pretrained=True, **kwargs)
+        except (OSError, RuntimeError) as e:  # huggingface_hub's errors are OSErrors
+            why = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+    raise UserError(f"model.args.pretrained: timm's weights for {arch!r} are not in the Hugging Face cache and "
+                    f"could not be fetched ({why}); on a machine with network run `hf download {hub_id or arch}` and "
+                    "copy ~/.cache/huggingface here, or set model.args.pretrained to a weights file")
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # what timm loads from a hub repo, in its order
+
+
+def cached_weights(hub_id: str) -> Optional[str]:
+    """The path of `hub_id`'s weights in the local Hugging Face cache (`repo@revision` as timm names them), or None."""
+    from huggingface_hub import try_to_load_from_cache  # comes with timm; only pretrained timm models need it
+
+    repo, _, revision = hub_id.partition("@")
+    for name in WEIGHT_FILES:
+        path = try_to_load_from_cache(repo, name, revision=revision or None)
+        if isinstance(path, str) and os.path.isfile(path):
+            return path
+    return None
