@@ -24,8 +24,9 @@ classification the attention mask marks the padding id (the data's: 0 for the by
 """
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -65,17 +66,24 @@ class HFModel(nn.Module):
         return self.model(input_ids=x, attention_mask=mask).logits
 
     def save_native(self, directory: Path) -> None:
-        """The model in transformers' own format (config.json + model.safetensors), without transformers'
-        "Writing model shards" bar (the run's own console says what is written)."""
-        from transformers.utils import logging as hf_logging  # loaded already: this module built the model
-
-        shown = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
+        """The model in transformers' own format (config.json + model.safetensors)."""
+        with no_progress_bars():
             self.model.save_pretrained(str(directory))
-        finally:
-            if shown:
-                hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """Without transformers' "Loading weights" and "Writing model shards" bars: the run's own console says what
+    it loads and writes, and a bar per tensor file is noise in logs."""
+    from transformers.utils import logging as hf_logging  # loaded already: an hf model is being built or saved
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 @register_model("hf", fits=HF_DATA)
@@ -123,8 +131,9 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
     if source is None or not materializing():
         model = auto.from_config(hf_config)
     else:
-        model = from_hub(auto.from_pretrained, source, "weights", field=FIELD, config=hf_config,
-                         ignore_mismatched_sizes=True)
+        with no_progress_bars():
+            model = from_hub(auto.from_pretrained, source, "weights", field=FIELD, config=hf_config,
+                             ignore_mismatched_sizes=True)
     return HFModel(model, pad_token_id=None if info.task == "lm" or images else pad, images=images), input_spec(info)
 
 
