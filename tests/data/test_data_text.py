@@ -213,3 +213,30 @@ def test_token_augmentation_pads_and_masks_with_the_datas_pad_id(tmp_path):
     assert any(3 in out[:real_length(out, pad=3)].tolist() for out in outs), "some tokens are masked with 3"
     assert sum(real_length(out, pad=3) < 8 for out in outs) > 10, "dropout shortens the text, padded with 3"
     assert sum(out.tolist().count(0) == 2 for out in outs) > 10, "token 0 is text here: kept unless dropped"
+
+
+def test_a_csv_or_tsv_of_texts_reads_as_its_jsonl(reviews, tmp_path):
+    """A spreadsheet export (header row; quoted texts with commas, quotes and line breaks) gives the same samples
+    as the JSONL of the same records; rows with the wrong number of cells or no text are dropped and counted."""
+    import csv
+
+    records = [json.loads(line) for line in reviews.read_text().splitlines()]
+    records[0]["text"] = 'says "hi", then\na second line'
+    reviews.write_text("".join(json.dumps(r) + "\n" for r in records))
+    for suffix, delimiter in ((".csv", ","), (".tsv", "\t")):
+        table = tmp_path / f"reviews{suffix}"
+        with table.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f, delimiter=delimiter)
+            writer.writerow(["id", "label", "review"])
+            writer.writerows([i, r["label"], r["text"]] for i, r in enumerate(records))
+            writer.writerow([999, "pos"])                  # a cell short: corrupt
+            writer.writerow([1000, "pos", "   "])          # no text: empty_text
+        args = {"seq_len": 64, "text_field": "review"}
+        a = build_data(data_cfg("jsonl", path=str(reviews), args={"seq_len": 64}), seed=3)
+        b = build_data(data_cfg("jsonl", path=str(table), args=args), seed=3)
+        assert b.info == a.info
+        assert torch.equal(torch.stack([b.train[i][0] for i in range(len(b.train))]),
+                           torch.stack([a.train[i][0] for i in range(len(a.train))]))
+        assert {k: v for k, v in b.report["dropped"].items() if v} == {"corrupt": 1, "empty_text": 1}
+    with pytest.raises(UserError, match=r"no row of .* has a text in column 'text'.*data.args.text_field"):
+        build_data(data_cfg("jsonl", path=str(table), args={"seq_len": 64}), seed=3)

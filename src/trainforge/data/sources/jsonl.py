@@ -1,14 +1,18 @@
 """`jsonl`: one JSON object per line with a text and a label, tokenized to bytes (see data/text.py), or,
 with `data.tokenizer: model | bpe`, handed to the pipeline as texts (it tokenizes them after the split).
+A `.csv` or `.tsv` file with a header row is read the same way, a row a record (`text_field` and `label_field`
+name its columns), so a spreadsheet export needs no conversion.
 
 Lines that are not JSON objects or lack a string text are dropped as corrupt, empty/whitespace
 texts as empty_text, missing labels or labels outside the declared `classes` as bad_label.
 """
 from __future__ import annotations
 
+import csv
 import json
 from collections import Counter
-from typing import Optional, Union
+from pathlib import Path
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from pydantic import Field
@@ -44,38 +48,33 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
     if cfg.tokenizer == "raw_bytes":
         raise UserError("data.tokenizer: raw_bytes is for language modelling (textfile); a jsonl classifier "
                         "takes bytes, model or bpe", public=True)
-    path = require_path(cfg, "a JSONL file with one {text, label} object per line")
+    path = require_path(cfg, "a JSONL file with one {text, label} object per line (or a CSV with a header)")
     if not path.is_file():
-        raise UserError(f"data.path: {path} is a folder; point it at a JSONL file", public=True)
+        raise UserError(f"data.path: {path} is a folder; point it at a JSONL or CSV file", public=True)
     declared = class_names_for([], a.classes) if a.classes else None
     drops, unknown = DropLog(), Counter[str]()
     tokens, labels, ids = [], [], []
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue  # blank line: not a record
-            ident = f"line {line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if not isinstance(record, dict) or not isinstance(record.get(a.text_field), str):
-                drops.drop("corrupt", ident)
-                continue
-            body = record[a.text_field]
-            if not body.strip():
-                drops.drop("empty_text", ident)
-                continue
-            label = label_text(record.get(a.label_field))
-            if label is None or (declared is not None and label not in declared):
-                drops.drop("bad_label", ident)
-                if label is not None:
-                    unknown[label] += 1
-                continue
-            tokens.append(body if subword else encode(body, a.seq_len))
-            labels.append(label)
-            ids.append(ident)
+    for ident, record in read_records(path, a):
+        if not isinstance(record, dict) or not isinstance(record.get(a.text_field), str):
+            drops.drop("corrupt", ident)
+            continue
+        body = record[a.text_field]
+        if not body.strip():
+            drops.drop("empty_text", ident)
+            continue
+        label = label_text(record.get(a.label_field))
+        if label is None or (declared is not None and label not in declared):
+            drops.drop("bad_label", ident)
+            if label is not None:
+                unknown[label] += 1
+            continue
+        tokens.append(body if subword else encode(body, a.seq_len))
+        labels.append(label)
+        ids.append(ident)
 
+    if not ids and path.suffix.lower() in DELIMITERS and drops.total:
+        raise UserError(f"data.path: no row of {path} has a text in column {a.text_field!r}; name the text and label "
+                        "columns with data.args.text_field and data.args.label_field", public=True)
     names = class_names_for(labels, declared)
     index = {name: i for i, name in enumerate(names)}
     y = torch.tensor([index[label] for label in labels], dtype=torch.int64)
@@ -98,3 +97,35 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
         preprocess={"tokenizer": "bytes", "seq_len": a.seq_len, "vocab_size": BYTES_VOCAB_SIZE},
         notes=notes,
     )
+
+
+DELIMITERS = {".csv": ",", ".tsv": "\t"}
+
+
+def read_records(path: Path, a: JsonlArgs) -> Iterator[tuple[str, Optional[Any]]]:
+    """(where, record) for each record: a JSON object a line, or a CSV/TSV row under its header (None where a line
+    is no record)."""
+    delimiter = DELIMITERS.get(path.suffix.lower())
+    with path.open(encoding="utf-8", errors="replace", newline="" if delimiter else None) as f:
+        if delimiter is None:
+            for line_no, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue  # blank line: not a record
+                try:
+                    yield f"line {line_no}", json.loads(line)
+                except json.JSONDecodeError:
+                    yield f"line {line_no}", None
+            return
+        rows = csv.DictReader(f, delimiter=delimiter)
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except csv.Error:  # e.g. a field over csv's size limit: that row is corrupt, the next one is read
+                yield f"line {rows.line_num}", None
+                continue
+            if None in row or any(v is None for v in row.values()):  # more or fewer cells than the header
+                yield f"line {rows.line_num}", None
+            else:
+                yield f"line {rows.line_num}", row
