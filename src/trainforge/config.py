@@ -110,10 +110,30 @@ class DataConfig(Section):
         return self
 
 
+class LoraConfig(Section):
+    """LoRA adapters (PEFT) on the model's Linear layers; every other weight frozen. `target_modules`: module
+    names (the last part of a dotted name, e.g. q_proj, v_proj) or "all-linear" (every Linear but the output
+    head)."""
+
+    r: int = Field(8, gt=0, le=1024)
+    alpha: float = Field(16.0, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: Union[Literal["all-linear"], list[str]] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"])
+
+    @field_validator("target_modules")
+    @classmethod
+    def _named(cls, v: Union[str, list[str]]) -> Union[str, list[str]]:
+        if isinstance(v, list) and (not v or not all(isinstance(n, str) and n.strip() for n in v)):
+            raise ValueError('name one module or more (e.g. [q_proj, v_proj]), or "all-linear"')
+        return v
+
+
 class ModelConfig(Section):
     name: str = "cnn"
     target: Optional[str] = None  # "pkg.module:factory" when name is custom
     args: dict[str, Any] = Field(default_factory=dict)
+    lora: Optional[LoraConfig] = None  # LoRA adapters on a pretrained hf model; the base stays frozen
     # set by `trainforge compress` on a pruned model's fine-tuning run: the weights are this architecture
     # with channels removed, and loading resizes its layers to them
     pruned: bool = False

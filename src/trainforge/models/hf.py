@@ -25,8 +25,9 @@ classification the attention mask marks the padding id (the data's: 0 for the by
 from __future__ import annotations
 
 import contextlib
+import copy
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ from trainforge.models.zoo import DataFit, input_spec, register_model
 
 FIELD = "model.args.pretrained"
 NATIVE_FOLDER = "hf"  # final/hf/: save_pretrained, loadable by transformers in any other project
+ADAPTER_FOLDER = "adapter"  # final/adapter/: a LoRA run's adapters, loadable by PEFT
 
 HF_DATA = DataFit(
     "text classification (int64 tokens), image classification (float C,H,W) or language modelling",
@@ -49,26 +51,48 @@ HF_DATA = DataFit(
 
 
 class HFModel(nn.Module):
-    """A transformers model behind the zoo's contract: x -> logits."""
+    """A transformers model behind the zoo's contract: x -> logits. Causal LMs take token ids (B, T), or ids and
+    position ids stacked (B, 2, T) (chat data: packed examples restart their positions at 0, and transformers
+    then keeps attention within each example)."""
 
-    native_folder = NATIVE_FOLDER  # final/<native_folder>/ gets `save_native` (training.artifacts)
-
-    def __init__(self, model: nn.Module, *, pad_token_id: Optional[int], images: bool) -> None:
+    def __init__(self, model: nn.Module, *, pad_token_id: Optional[int], images: bool, causal: bool = False) -> None:
         super().__init__()
         self.model = model
         self.pad_token_id = pad_token_id  # None: every position is attended (language modelling)
         self.images = images
+        self.causal = causal
+        self.base_reference: Optional[dict[str, Any]] = None  # set by models.lora: the frozen base adapters build on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.images:
             return self.model(pixel_values=x).logits
+        if self.causal and x.dim() == 3:  # without a cache (with one, transformers ignores where positions restart)
+            return self.model(input_ids=x[:, 0], position_ids=x[:, 1], use_cache=False).logits
+        if self.causal:
+            return self.model(input_ids=x).logits
         mask = None if self.pad_token_id is None else (x != self.pad_token_id).long()
         return self.model(input_ids=x, attention_mask=mask).logits
 
+    def native_formats(self) -> dict[str, Callable[[Path], None]]:
+        """final/<folder>/ -> its writer (training.artifacts): hf/ always (the whole model, adapters merged),
+        adapter/ for a LoRA run (PEFT's own format)."""
+        formats = {NATIVE_FOLDER: self.save_native}
+        if self.base_reference is not None:
+            formats[ADAPTER_FOLDER] = self.save_adapter
+        return formats
+
     def save_native(self, directory: Path) -> None:
-        """The model in transformers' own format (config.json + model.safetensors)."""
+        """The model in transformers' own format (config.json + model.safetensors); a LoRA model merged into a copy
+        of its base first, so it loads without PEFT."""
+        model = self.model
+        if self.base_reference is not None:
+            model = copy.deepcopy(model).merge_and_unload()
         with no_progress_bars():
-            self.model.save_pretrained(str(directory))
+            model.save_pretrained(str(directory))
+
+    def save_adapter(self, directory: Path) -> None:
+        """The LoRA adapters as PEFT writes them: `PeftModel.from_pretrained(base, directory)` loads them."""
+        self.model.save_pretrained(str(directory))
 
 
 @contextlib.contextmanager
@@ -134,7 +158,8 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
         with no_progress_bars():
             model = from_hub(auto.from_pretrained, source, "weights", field=FIELD, config=hf_config,
                              ignore_mismatched_sizes=True)
-    return HFModel(model, pad_token_id=None if info.task == "lm" or images else pad, images=images), input_spec(info)
+    return (HFModel(model, pad_token_id=None if info.task == "lm" or images else pad, images=images,
+                    causal=info.task == "lm"), input_spec(info))
 
 
 def _config(config: Union[str, dict], auto_config) -> Any:

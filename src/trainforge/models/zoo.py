@@ -18,6 +18,7 @@ from torch import nn
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
+from trainforge.models.lora import apply_lora
 from trainforge.models.base import InputSpec
 from trainforge.registry import Registry
 
@@ -117,7 +118,11 @@ def build_model(cfg: ModelConfig, info: DataInfo) -> tuple[nn.Module, InputSpec]
     if cfg.name == "custom":
         args["target"] = cfg.target  # the one model whose code the config names
     check_args(f"model {cfg.name!r}", factory, args)
-    return factory(info, **args)
+    model, spec = factory(info, **args)
+    if cfg.lora is not None:
+        pretrained = cfg.args.get("pretrained")
+        model = apply_lora(model, cfg.lora, source=str(pretrained) if pretrained else None)
+    return model, spec
 
 
 def is_convolutional(model: nn.Module) -> bool:

@@ -440,7 +440,8 @@ def _process_group(strategy: str, world_size: int) -> Iterator[Optional[DeviceMe
 def _prepare(model: nn.Module, activation_checkpointing: bool, freeze_patterns: Sequence[str]) -> None:
     """Freeze and checkpoint as training does, in its order (after the parameters were counted)."""
     if freeze_patterns:
-        _freeze_as_buffers(model, freeze_patterns)
+        freeze(model, freeze_patterns)  # as training does: same patterns, same errors
+    _frozen_as_buffers(model)  # frozen by train.freeze, or by the model itself (a LoRA run's base)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
 
@@ -502,12 +503,10 @@ def _reported(categories: dict[str, int]) -> dict[str, int]:
     return {k: v for k, v in categories.items() if k != "other" or v}
 
 
-def _freeze_as_buffers(model: nn.Module, patterns: Sequence[str]) -> None:
-    """Freeze as training does (`training.optim.freeze`: same patterns, same errors), then hold each frozen
-    parameter as a buffer: MemTracker installs a gradient hook on every parameter and fails on one without
-    gradient. A frozen weight costs what a buffer costs (memory, no gradient, no optimizer state), so the
-    peak is the same; the breakdown counts it under buffers."""
-    freeze(model, patterns)
+def _frozen_as_buffers(model: nn.Module) -> None:
+    """Hold each frozen parameter as a buffer: MemTracker installs a gradient hook on every parameter and fails
+    on one without gradient. A frozen weight costs what a buffer costs (memory, no gradient, no optimizer
+    state), so the peak is the same; the breakdown counts it under buffers."""
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             if not param.requires_grad:

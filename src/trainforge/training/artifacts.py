@@ -30,6 +30,7 @@ from trainforge.training.checkpoint import (
     contiguous_state,
     find_resume_checkpoint,
     is_sharded,
+    kept_weights,
     load_checkpoint,
     load_model_weights,
     load_sharded_into,
@@ -37,6 +38,7 @@ from trainforge.training.checkpoint import (
     load_weights,
 )
 from trainforge.models import build_model
+from trainforge.models.lora import check_base
 from trainforge.models.resize import resize_to_weights
 
 FORMAT = "trainforge-model/1"
@@ -52,9 +54,11 @@ class Trained:
     weights: dict[str, torch.Tensor]
     step: int
     source: Path
+    base: Optional[dict[str, Any]] = None  # LoRA: the frozen base the weights (adapters) build on
 
     def build_model(self) -> nn.Module:
         model, _ = build_model(self.config.model, self.info)
+        check_base(self.base, model, str(self.source))
         if self.config.model.pruned:
             resize_to_weights(model, self.weights)
         load_model_weights(model, self.weights)
@@ -81,14 +85,16 @@ def save_final_model(
     step: int,
     metrics: Optional[dict[str, Any]] = None,
     ran: Optional[dict[str, Any]] = None,
-    native: Optional[tuple[str, Callable[[Path], None]]] = None,
+    native: Optional[dict[str, Callable[[Path], None]]] = None,
+    base: Optional[dict[str, Any]] = None,
 ) -> Path:
     """Write final/ atomically (temp dir, rename), replacing a previous final/.
 
     `step` and `metrics` are those of the weights saved (the best evaluation under early stopping); `ran`
-    records the batch geometry that actually ran (config.yaml keeps what was asked for). `native`: (folder,
-    write) for a model with a format of its own (an `hf` model's save_pretrained into final/hf/), written
-    into the folder before final/ is sealed, with a manifest of its own."""
+    records the batch geometry that actually ran (config.yaml keeps what was asked for). `native`: {folder:
+    write} for a model with formats of its own (an `hf` model's save_pretrained into final/hf/, a LoRA run's
+    adapters into final/adapter/), each written into its folder before final/ is sealed, with a manifest of
+    its own. `base`: a LoRA run's frozen base (source, SHA-256); `model_state` then holds the adapters."""
     final = run_dir / "final"
     tmp = run_dir / f".tmp-final-{os.getpid()}"
     if tmp.exists():
@@ -104,10 +110,10 @@ def save_final_model(
         "metrics": metrics or {},
         "ran": ran or {},
         "config_yaml": config.to_yaml(),
+        "base": base,
     }
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
-    if native is not None:
-        folder, write = native
+    for folder, write in (native or {}).items():
         write(tmp / folder)
         write_manifest(tmp / folder)
     write_manifest(tmp)
@@ -147,13 +153,14 @@ def load_trained(path: Path, verify: bool = True) -> Trained:
     with fields_of(path / STATE_FILE):
         config, info = config_from_yaml_text(state["config_yaml"]), info_from_dict(json.loads(state["data_info_json"]))
         preprocess, step = json.loads(state["preprocess_json"]), int(state["step"])
+        base = json.loads(state.get("base_json") or "null")
     if weights is None:  # an FSDP checkpoint: gather its shards into whole tensors in this one process
 
         model, _ = build_model(config.model, info)
-        weights = {"model": model.state_dict()}
+        weights = {"model": kept_weights(model, model.state_dict())}
         load_sharded_into(path, weights)
         weights = weights["model"]
-    return Trained(config=config, info=info, preprocess=preprocess, weights=weights, step=step, source=path)
+    return Trained(config=config, info=info, preprocess=preprocess, weights=weights, step=step, source=path, base=base)
 
 
 def verify_final(path: Path) -> None:
@@ -176,7 +183,7 @@ def read_final(path: Path) -> Trained:
         config, info = config_from_yaml_text(meta["config_yaml"]), info_from_dict(meta["data_info"])
         preprocess, step = meta.get("preprocess", {}), int(meta["step"])
     return Trained(config=config, info=info, preprocess=preprocess, weights=load_weights(path / MODEL_FILE),
-                   step=step, source=path)
+                   step=step, source=path, base=meta.get("base"))
 
 
 @contextlib.contextmanager

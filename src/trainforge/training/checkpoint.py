@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from trainforge.errors import UserError
 from trainforge.files import fsync_dir, write_text_atomic
 from trainforge.integrity import MANIFEST_FILE, check_files, read_digests, write_manifest
+from trainforge.models.lora import adapter_names
 
 LATEST = "latest"
 MODEL_FILE = "model.safetensors"
@@ -172,8 +173,16 @@ def read_state(file: Path) -> dict[str, Any]:
     return state
 
 
+def kept_weights(model: torch.nn.Module, state_dict: dict[str, Any]) -> dict[str, Any]:
+    """What checkpoints, best weights and final/ keep of `model`'s state: all of it, or for a model with LoRA
+    adapters on a frozen base only the trainable part (the base is rebuilt from its source and checked)."""
+    names = adapter_names(model)
+    return state_dict if names is None else {k: v for k, v in state_dict.items() if k in names}
+
+
 def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Load weights saved by `contiguous_state` (tied duplicates absent) strictly otherwise."""
+    """Load weights saved by `contiguous_state` (tied duplicates absent) strictly otherwise; a model with
+    adapters on a frozen base takes its trainable weights only (`kept_weights`)."""
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)
     except RuntimeError as e:  # shapes differ: weights of another model, or a model.json edited after training
@@ -184,7 +193,8 @@ def load_model_weights(model: torch.nn.Module, weights: dict[str, torch.Tensor])
     ptr_of = {}
     for name, t in own.items():
         ptr_of.setdefault(t.data_ptr(), name)
-    really_missing = [m for m in missing if ptr_of.get(own[m].data_ptr()) == m]
+    adapters = adapter_names(model)
+    really_missing = [m for m in missing if ptr_of.get(own[m].data_ptr()) == m and (adapters is None or m in adapters)]
     if really_missing:
         raise UserError(f"checkpoint does not match the model: missing weights {really_missing[:3]}")
 

@@ -39,9 +39,10 @@ from trainforge.errors import JobFailed
 from trainforge.files import write_text_atomic
 from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
 from trainforge.models import build_model
+from trainforge.models.lora import base_reference
 from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
-from trainforge.training.checkpoint import load_model_weights
+from trainforge.training.checkpoint import kept_weights, load_model_weights
 from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
 from trainforge.training.evaluate import evaluate_model
@@ -119,7 +120,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
                        stopper=EarlyStopper(es.metric, es.mode, es.patience, es.min_delta) if es else None)
     if inputs.resume_from is not None:  # weights, optimizer, scaler, EMA, early stopping, counters; the RNG last
         payload, groups = strategy.restore(inputs.resume_from, model, optimizer,
-                                           state.templates(model.state_dict(), strategy.snapshot))
+                                           state.templates(kept_weights(model, model.state_dict()), strategy.snapshot))
         state = TrainState.from_checkpoint(payload, groups, setup, state.scaler, ema=state.ema, stopper=state.stopper,
                                            rank=env.rank)
     if env.is_main:
@@ -129,7 +130,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
                            pin_memory=setup.pin_memory, rank=env.rank, world_size=env.world_size)
     val_loader = make_eval_loader(inputs.data.val, batch_size=max(setup.micro_batch_size, 64),
                                   num_workers=setup.num_workers, pin_memory=setup.pin_memory)
-    facts = RunFacts(cfg.seed, cfg.to_yaml(), info_to_dict(info), inputs.data.preprocess)
+    facts = RunFacts(cfg.seed, cfg.to_yaml(), info_to_dict(info), inputs.data.preprocess, base_reference(model))
     # one voice: rank 0 logs and shows progress
     metrics = (MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
                if env.is_main else NullLog())
@@ -321,7 +322,7 @@ def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, 
         stopper = state.stopper
         if stopper is not None:
             if stopper.update(state.val, done):
-                state.best = strategy.snapshot(state.ema.shadow if state.ema else model.state_dict())
+                state.best = strategy.snapshot(kept_weights(model, state.ema.shadow if state.ema else model.state_dict()))
             if stopper.should_stop:
                 state.status = "early_stopped"
                 progress.log(f"early stopping at step {done}: no {stopper.metric} improvement "
@@ -347,14 +348,17 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
     if state.best:  # the weights are those of the best evaluation: so are the step and metrics recorded
         final_step, final_val = state.stopper.best_step or state.step, state.stopper.best_metrics or state.val
     ran = {**setup.to_json(), "steps_trained": state.step}
-    native = getattr(model, "save_native", None)  # a family's own format too (hf: final/hf/, save_pretrained)
+    formats = model.native_formats() if hasattr(model, "native_formats") else {}  # hf: final/hf/ (+ adapter/)
 
-    def write_native(directory: Path) -> None:  # the model's own format, with the run's tokenizer beside it
-        native(directory)
-        save_tokenizer(inputs.data.preprocess, directory)
+    def with_tokenizer(write: Callable[[Path], None]) -> Callable[[Path], None]:
+        def write_native(directory: Path) -> None:  # the model's own format, with the run's tokenizer beside it
+            write(directory)
+            save_tokenizer(inputs.data.preprocess, directory)
+        return write_native
 
-    save_final_model(run_dir, model.state_dict(), inputs.cfg, info, inputs.data.preprocess, final_step,
-                     metrics=final_val, ran=ran, native=(model.native_folder, write_native) if native else None)
+    save_final_model(run_dir, kept_weights(model, model.state_dict()), inputs.cfg, info, inputs.data.preprocess, final_step,
+                     metrics=final_val, ran=ran, native={folder: with_tokenizer(w) for folder, w in formats.items()},
+                     base=base_reference(model))
     test_loader = make_eval_loader(inputs.data.test, batch_size=max(setup.micro_batch_size, 64), num_workers=0,
                                    pin_memory=setup.pin_memory)
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)

@@ -22,6 +22,7 @@ from trainforge.distributed.env import DistEnv, distributed
 from trainforge.errors import UserError
 from trainforge.files import write_text_atomic
 from trainforge.models import build_model, is_convolutional
+from trainforge.models.lora import check_base
 from trainforge.planning.auto import MemoryBudget, device_budget
 from trainforge.training.checkpoint import load_state
 from trainforge.training.evaluate import check_metric
@@ -50,6 +51,8 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             raise UserError("model.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; "
                             "rerun the same compress command (same --out) to continue it")
         model = hooks.build_model(data.info) if hooks.build_model else build_model(cfg.model, data.info)[0]
+        if saved is not None:  # adapters continue only on the base they were trained on
+            check_base(json.loads(saved.get("base_json") or "null"), model, str(resume_from))
         frozen, total = freeze(model, tc.freeze) if tc.freeze else (0, 0)  # before any wrapping or optimizer
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")

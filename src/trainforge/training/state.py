@@ -31,6 +31,7 @@ class RunFacts:
     config_yaml: str
     data_info: Mapping[str, Any]
     preprocess: Mapping[str, Any]
+    base: Optional[Mapping[str, Any]] = None  # LoRA: the frozen base's source and SHA-256 (models.lora)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class TrainState:
             "config_yaml": facts.config_yaml,
             "data_info_json": json.dumps(dict(facts.data_info)),
             "preprocess_json": json.dumps(dict(facts.preprocess)),
+            "base_json": json.dumps(dict(facts.base) if facts.base else None),
         }
         groups = {"ema": self.ema.state_dict() if self.ema else {}, "best_model": self.best}
         return payload, groups

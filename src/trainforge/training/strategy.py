@@ -48,8 +48,10 @@ from trainforge.distributed.data_parallel import OverlappedAllReduce, barrier, b
 from trainforge.distributed.env import DistEnv
 from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
 from trainforge.registry import Registry
+from trainforge.models.lora import adapter_names
 from trainforge.training.checkpoint import (
     is_sharded,
+    kept_weights,
     load_checkpoint,
     load_model_weights,
     load_sharded_into,
@@ -117,7 +119,7 @@ class Strategy:
     def save(self, root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              state: dict[str, Any], groups: dict[str, Tensors], keep: int) -> None:
         """Every rank calls it; rank 0 writes whole tensors (replicas are identical); all leave once it is complete."""
-        model_sd, optim_sd = get_model_state_dict(model), get_optimizer_state_dict(model, optimizer)
+        model_sd, optim_sd = kept_weights(model, get_model_state_dict(model)), get_optimizer_state_dict(model, optimizer)
         if self.env.is_main:
             whole = {name: {k: v.detach().cpu() for k, v in groups[name].items()} for name in GROUPS}
             save_checkpoint(root, step, model_sd, {**state, **whole, "optimizer": optim_sd}, keep=keep)
@@ -131,10 +133,10 @@ class Strategy:
         if is_sharded(path):
             state = read_state(path / STATE_FILE)
             wanted = {name: t for name, t in templates.items() if t is not None and name in state.get(SHARDED_GROUPS, ())}
-            tensors = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer),
-                       **wanted}
+            tensors = {"model": kept_weights(model, get_model_state_dict(model)),
+                       "optimizer": get_optimizer_state_dict(model, optimizer), **wanted}
             load_sharded_into(path, tensors)
-            set_model_state_dict(model, tensors["model"])
+            set_model_state_dict(model, tensors["model"], options=StateDictOptions(strict=adapter_names(model) is None))
             set_optimizer_state_dict(model, optimizer, tensors["optimizer"])
             return state, {name: tensors[name] for name in wanted}
         weights, state = load_checkpoint(path, verify=False)  # the run verified it before resolving its setup
@@ -224,7 +226,8 @@ class FSDP(Strategy):
     def save(self, root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
              state: dict[str, Any], groups: dict[str, Tensors], keep: int) -> None:
         kept = {name: g for name, g in groups.items() if g}
-        tensors = {"model": get_model_state_dict(model), "optimizer": get_optimizer_state_dict(model, optimizer), **kept}
+        tensors = {"model": kept_weights(model, get_model_state_dict(model)),
+                   "optimizer": get_optimizer_state_dict(model, optimizer), **kept}
         state = {**state, **{name: {} for name in GROUPS}, SHARDED_GROUPS: sorted(kept)}
         save_sharded_checkpoint(root, step, tensors, state, keep, is_main=self.env.is_main,
                                 barrier=lambda: barrier(self.env))
