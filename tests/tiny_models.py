@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -76,12 +76,14 @@ def save_tiny_bert(path: Path, *, num_labels: int = 2, seed: int = 1, **config) 
     return path
 
 
-def save_tiny_llama(path: Path, *, seed: int = 1, **config) -> Path:
+def save_tiny_llama(path: Path, *, seed: int = 1, chat_template: Optional[str] = None, **config) -> Path:
     """A Llama-shaped causal LM with its byte-level BPE tokenizer, as `save_pretrained` writes it; `config`
-    overrides LlamaConfig fields (e.g. tie_word_embeddings=True)."""
+    overrides LlamaConfig fields (e.g. tie_word_embeddings=True); `chat_template`: the tokenizer's (none by default)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     tok = bytelevel_tokenizer(corpus())
+    if chat_template is not None:
+        tok.chat_template = chat_template
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                          **{**TINY_LLAMA, **config})

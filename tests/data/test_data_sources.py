@@ -13,7 +13,7 @@ from trainforge.data import SOURCES, build_data
 from trainforge.errors import UnknownNameError, UserError
 
 EXPECTED_SOURCES = {
-    "csv", "custom", "digits", "imagefolder", "jsonl", "synthetic_images", "synthetic_text", "textfile", "torchvision",
+    "chat", "csv", "custom", "digits", "imagefolder", "jsonl", "synthetic_images", "synthetic_text", "textfile", "torchvision",
 }
 
 

@@ -24,6 +24,7 @@ from trainforge.data.image_preprocess import TENSOR_FILTERS, ImagePreprocess, re
 from trainforge.data.normalize import Normalizer, fit_normalizer, identity, model_normalizer
 from trainforge.data.pool import Pool, Samples, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
+from trainforge.data.sources.chat import ChatExamples, ChatTokens, pack_chat, tokenize_chat
 from trainforge.data.sources.textfile import ByteWindows
 from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
 from trainforge.data.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
@@ -56,6 +57,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     elif isinstance(pool.samples, TextCorpus):  # the windows exist only once the corpus is tokenized
         corpus = pool.samples
         pool = tokenize_corpus(pool, choose_tokenizer(cfg, lambda: train_prefix(corpus, cfg), stored))
+    elif isinstance(pool.samples, ChatExamples):  # rendered and tokenized whole: too-long ones dropped before the split
+        pool = tokenize_chat(pool, choose_tokenizer(cfg, lambda: [], stored), stored)
     if len(pool.samples) == 0:
         raise UserError(
             f"data: no usable samples left from data.source={cfg.source!r} "
@@ -68,6 +71,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         if spec is not None:
             pool = preprocess_images(pool, spec, cfg)
     splits, method = split_pool(pool, cfg, seed)
+    if isinstance(pool.samples, ChatTokens):  # split by conversation, then each split's laid into its own windows
+        pool, splits = pack_chat(pool, splits)
     if isinstance(pool.samples, TextSamples):  # the tokenizer is fitted on the train split only, like normalization
         texts = pool.samples.texts
         pool = tokenize_texts(pool, choose_tokenizer(cfg, lambda: [texts[i] for i in splits["train"]], stored))
@@ -248,6 +253,8 @@ def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
     n = len(pool.samples)
     if pool.test_indices is not None:
         return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
+    if isinstance(pool.samples, ChatTokens):  # independent conversations, not windows of one text
+        return random_split(None, n, cfg.val_fraction, cfg.test_fraction, seed)
     if pool.info.task == "lm":
         return contiguous_split(n, cfg.val_fraction, cfg.test_fraction), "contiguous"
     return random_split(pool.labels, n, cfg.val_fraction, cfg.test_fraction, seed)
@@ -278,7 +285,7 @@ def data_report(
     report: dict[str, Any] = {
         "source": source,
         "rows_read": pool.rows_read,
-        "rows_kept": len(pool.samples),
+        "rows_kept": len(pool.samples) if pool.rows_kept is None else pool.rows_kept,
         "dropped": dict(pool.drops.counts),
         "dropped_examples": {k: list(v) for k, v in pool.drops.examples.items()},
         "splits": {name: len(idx) for name, idx in splits.items()},

@@ -77,10 +77,11 @@ class TextCorpus:
 
 
 class DropLog:
-    """Counts dropped samples by reason and keeps the first few identifiers of each."""
+    """Counts dropped samples by reason and keeps the first few identifiers of each. `reasons`: those the source
+    can drop for (each is in the report, zero or not); the common ones unless a source has its own (chat)."""
 
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+    def __init__(self, reasons: tuple[str, ...] = DROP_REASONS) -> None:
+        self.counts: dict[str, int] = dict.fromkeys(reasons, 0)
         self.examples: dict[str, list[str]] = {}
 
     def drop(self, reason: str, ident: str) -> None:
@@ -106,3 +107,4 @@ class Pool:
     value_range: tuple[float, float] = (0.0, 1.0)  # raw pixel scale of images (colour jitter, rotation fill)
     test_indices: Optional[np.ndarray] = None  # the dataset's own test split, when it has one
     notes: dict[str, Any] = field(default_factory=dict)  # extra JSON-able facts for the data report
+    rows_kept: Optional[int] = None  # records kept, where samples are not records (chat: packed windows)

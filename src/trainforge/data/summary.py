@@ -46,7 +46,10 @@ def summarize(report: Mapping[str, Any]) -> DataSummary:
         "splits": splits,
         "warnings": list(warnings),
     }
-    return DataSummary(line=_line(read, kept, dropped, splits), warnings=warnings, counts=counts)
+    chat = report.get("chat")
+    if isinstance(chat, Mapping) and "loss_token_share" in chat:  # chat data: what share of its tokens is learned
+        counts["loss_token_share"] = float(chat["loss_token_share"])
+    return DataSummary(line=_line(read, kept, dropped, splits) + _chat(chat), warnings=warnings, counts=counts)
 
 
 def _reasons(dropped: Mapping[str, int]) -> str:
@@ -61,6 +64,16 @@ def _line(read: int, kept: int, dropped: Mapping[str, int], splits: Mapping[str,
     if splits:
         line += "; splits " + " / ".join(f"{name} {n:,}" for name, n in splits.items())
     return line
+
+
+def _chat(chat: Any) -> str:
+    """`data.source: chat`: the windows the splits count, and the share of the tokens that carries loss."""
+    if not isinstance(chat, Mapping) or "loss_token_share" not in chat:
+        return ""
+    packed = " (packed)" if chat.get("pack") else ""
+    return (f" windows of {int(chat.get('seq_len', 0)):,} tokens{packed}; loss on "
+            f"{100 * float(chat['loss_token_share']):.1f}% of {int(chat.get('tokens', 0)):,} tokens "
+            f"(train_on {chat.get('train_on')})")
 
 
 def _name(value: Any) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from trainforge.data.sources import (  # noqa: F401  (imported to register)
+    chat,
     custom,
     digits,
     imagefolder,
