@@ -4,6 +4,7 @@
     trainforge train recipes/charlm_gpt.yaml optim.lr=1e-3 train.epochs=2 --run-dir runs/lm
     trainforge train --run-dir runs/lm --resume auto  # continue after a crash or preemption
     trainforge eval runs/lm --split test --json
+    trainforge generate runs/lm "def main(" --max-new-tokens 64
     trainforge recipes
 
 Exit codes: 0 success, 1 the job failed (e.g. diverged), 2 bad input (one line naming the field or
@@ -167,6 +168,37 @@ def eval_cmd(
         for name, row in zip(result["class_names"], result["confusion_matrix"]):
             cm.add_row(name, *[str(v) for v in row])
         out.print(cm)
+
+
+@app.command()
+def generate(
+    run_or_checkpoint: Path = typer.Argument(..., help="A causal LM run directory, its final/, or a checkpoints/step-* directory."),
+    prompt: str = typer.Argument(..., help="The text to continue (with --chat: the user's message)."),
+    chat: bool = typer.Option(False, "--chat", help="Render the prompt as one user message with the tokenizer's chat template."),
+    max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Most tokens to generate (default 256)."),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="Sampling temperature; 0 = greedy (default 0.7)."),
+    top_p: Optional[float] = typer.Option(None, "--top-p", help="Nucleus sampling mass in (0, 1] (default 0.9)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed: the same seed, the same text (default 0)."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document at the end instead of streaming."),
+) -> None:
+    """Generate text with a trained causal LM (model.name hf or gpt), streamed to stdout as it comes."""
+    from trainforge.training.generate import generate as run_generate  # heavy (torch, transformers): the CLI starts fast without it
+
+    def stream(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    result = run_generate(run_or_checkpoint, prompt, chat=chat, on_text=None if as_json else stream,
+                          **{k: v for k, v in given.items() if v is not None})  # unset: the API's defaults
+    if as_json:
+        print_json(result.to_json())
+        return
+    sys.stderr.write("\n")  # the shell prompt on a line of its own; stdout holds exactly the generated text
+    for note in result.notes:
+        err.print(f"note: {escape(note)}", highlight=False)
+    err.print(f"{result.new_tokens} tokens in {result.seconds:.2f} s ({result.tokens_per_s:.1f} tokens/s), "
+              f"stopped at {result.stopped}", highlight=False)
 
 
 @app.command()

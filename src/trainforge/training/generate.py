@@ -1,0 +1,386 @@
+"""Text generation from a trained causal language model: `trainforge generate`.
+
+    trainforge generate runs/causal_lm_finetune-.../ "Once upon a time" --max-new-tokens 64
+    trainforge generate runs/chat-.../final "What is LoRA?" --chat --temperature 0 --json
+    trainforge.training.generate.generate("runs/lm", "def main(", temperature=0, on_text=print)
+
+The path is anything `trainforge eval` takes (a run directory, its final/, a checkpoints/step-* directory),
+loaded by the same `load_trained`. The text is encoded with the run's own stored tokenizer (never a download):
+a subword tokenizer rebuilt as a transformers `PreTrainedTokenizerFast` from the files kept in the run's
+preprocessing record, or the byte rules of `data.text` for `raw_bytes` runs. A plain prompt is encoded the
+way the run's training text was (`TextTokenizer.encode_stream`: no special tokens), so generation continues
+it as it would continue a document. `--chat` renders the prompt as one user message with the run's chat template
+(the one a `data.source: chat` run trained with, else the tokenizer's own) and its generation prompt, and stops
+at the end of the assistant's turn: the template's end-of-turn token, or its end-of-turn text (e.g. `<|im_end|>`
+in a tokenizer that lacks it as a token), which is then left out of the text. A tokenizer without a chat template
+is an error rather than a fallback to chatml: a model never trained on a template does not follow it.
+
+Models: `model.name: hf` causal LMs generate with transformers' own `generate` (KV cache); the zoo's `gpt`
+with a short loop here (it has no KV cache: each step reruns the last block_size tokens). Sampling is
+temperature then nucleus (top-p) only, nothing from the model's generation_config (top-k, repetition penalty)
+sneaks in; temperature 0 is greedy. The same seed gives the same text. CUDA (or another accelerator) when
+present, else the CPU; fp32 weights throughout.
+"""
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from trainforge.data import text as byte_rules
+from trainforge.data.tokenizer import is_stored
+from trainforge.errors import UserError
+from trainforge.hardware.device import resolve_device
+from trainforge.training.artifacts import Trained, load_trained
+
+MAX_NEW_TOKENS = 256
+TEMPERATURE = 0.7
+TOP_P = 0.9
+SEED = 0
+MODELS = ("hf", "gpt")  # model.name values generate supports
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    prompt: str
+    text: str  # the generated text only (the prompt not repeated): exactly the pieces given to on_text, joined
+    new_tokens: int
+    stopped: str  # "eos" (an end-of-text or end-of-turn token) | "max_new_tokens"
+    seconds: float  # generation only, not loading
+    tokens_per_s: float
+    source: str  # the final/ or checkpoint directory the weights came from
+    token_ids: list[int] = field(repr=False)  # the new tokens' ids, the stop token included
+    notes: list[str] = field(default_factory=list)  # what was adjusted (e.g. max_new_tokens cut to the context)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"prompt": self.prompt, "text": self.text, "new_tokens": self.new_tokens, "stopped": self.stopped,
+                "seconds": self.seconds, "tokens_per_s": self.tokens_per_s, "source": self.source,
+                "notes": self.notes}
+
+
+def generate(
+    path: str | Path,
+    prompt: str,
+    *,
+    chat: bool = False,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
+    seed: int = SEED,
+    on_text: Optional[Callable[[str], None]] = None,
+    verify: bool = True,
+) -> GenerateResult:
+    """Continue `prompt` (or answer it, with `chat`) with the model of a run dir / final/ / checkpoints/step-*.
+
+    `on_text` receives the generated text piece by piece as it is produced (whole characters only).
+    """
+    check_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
+    trained = load_trained(path, verify=verify)
+    check_causal_lm(trained)
+    codec = codec_for(trained.preprocess)
+    ids, stops, stop_text = codec.chat(prompt) if chat else (codec.encode(prompt), (), None)
+    if not ids:
+        ids = codec.start_ids()
+    stops = tuple(dict.fromkeys([*codec.eos_ids, *stops]))
+    device = resolve_device("auto")
+    model = trained.build_model().to(device).eval()
+    out = Detokenizer(codec.decode, on_text, stop_text)
+    notes: list[str] = []
+    started = time.perf_counter()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the caller's RNG untouched
+        torch.manual_seed(seed)
+        if trained.config.model.name == "hf":
+            new = _generate_hf(model, ids, device=device, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_p=top_p, stops=stops, pad_id=codec.pad_id, streamer_for=out, notes=notes)
+        else:
+            generator = torch.Generator(device=device).manual_seed(seed)
+            new = _generate_gpt(model, ids, device=device, max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=top_p, stops=stops, vocab_size=codec.vocab_size or trained.info.vocab_size,
+                                generator=generator, detokenizer=out)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    text = out.finish()
+    return GenerateResult(prompt=prompt, text=text, new_tokens=len(new),
+                          stopped="eos" if out.stopped or (new and new[-1] in stops) else "max_new_tokens",
+                          seconds=seconds,
+                          tokens_per_s=len(new) / seconds if seconds > 0 else 0.0, source=str(trained.source),
+                          token_ids=new, notes=notes)
+
+
+def check_settings(*, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens: must be at least 1, got {max_new_tokens!r}")
+    if not temperature >= 0:  # NaN too
+        raise UserError(f"--temperature: must be >= 0 (0 = greedy, no sampling), got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p: must be in (0, 1] (1 = no nucleus cut), got {top_p!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise UserError(f"--seed: must be a non-negative integer, got {seed!r}")
+
+
+def check_causal_lm(trained: Trained) -> None:
+    if trained.info.task != "lm":
+        raise UserError(f"{trained.source}: generate needs a causal language model run (task: lm, e.g. "
+                        f"data.source: textfile with model.name: hf); this run was trained for {trained.info.task}")
+    name = trained.config.model.name
+    if name not in MODELS:
+        raise UserError(f"{trained.source}: generate supports model.name hf (causal LMs) and gpt; this run's model "
+                        f"is {name!r}")
+
+
+# ---- tokenizers: the run's stored one, or the byte rules ---------------------------------------------------------
+
+class Codec:
+    """What generate needs of a tokenizer."""
+
+    eos_ids: tuple[int, ...] = ()
+    pad_id: Optional[int] = None
+    vocab_size: Optional[int] = None
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        raise NotImplementedError
+
+    def start_ids(self) -> list[int]:
+        raise UserError("prompt: empty, and this run's tokenizer has no start or end-of-text token to begin from; "
+                        "give some text to continue")
+
+    def chat(self, prompt: str) -> tuple[list[int], tuple[int, ...], Optional[str]]:
+        """The prompt as one user message of the chat template, with the generation prompt; and what ends the
+        assistant's turn: token ids, or a text."""
+        raise NotImplementedError
+
+
+class RawBytes(Codec):
+    """`raw_bytes` runs (textfile with the byte tokenizer): id = byte value, no special tokens."""
+
+    vocab_size = byte_rules.RAW_BYTES_VOCAB_SIZE
+
+    def encode(self, text: str) -> list[int]:
+        return byte_rules.encode_raw(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return byte_rules.decode_raw(ids)
+
+    def chat(self, prompt: str) -> tuple[list[int], tuple[int, ...], Optional[str]]:
+        raise UserError("--chat: this run uses the raw byte tokenizer, which has no chat template; drop --chat "
+                        "(the prompt is then continued as plain text)")
+
+
+class StoredTokenizer(Codec):
+    """The run's stored subword tokenizer as a transformers fast tokenizer (for its chat template)."""
+
+    def __init__(self, pre: dict[str, Any]) -> None:
+        # heavy (transformers, ~3 s): loaded already when the run's model is an hf one
+        from transformers import PreTrainedTokenizerFast
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, content in pre["tokenizer_files"].items():
+                (Path(tmp) / Path(name).name).write_text(content, encoding="utf-8")
+            self.tok = PreTrainedTokenizerFast.from_pretrained(tmp)
+        eos = pre.get("eos_id", self.tok.eos_token_id)
+        self.eos_ids = () if eos is None else (int(eos),)
+        pad = pre.get("pad_id", self.tok.pad_token_id)
+        self.pad_id = eos if pad is None else int(pad)
+        self.vocab_size = len(self.tok)
+        stored = pre.get("chat_template")  # a chat run's: the template it trained with, its own or a built-in one
+        self.template = stored if isinstance(stored, str) else self.tok.chat_template
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))  # as the training text was (encode_stream)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def start_ids(self) -> list[int]:
+        first = self.tok.bos_token_id if self.tok.bos_token_id is not None else (self.eos_ids or (None,))[0]
+        return super().start_ids() if first is None else [int(first)]
+
+    def chat(self, prompt: str) -> tuple[list[int], tuple[int, ...], Optional[str]]:
+        if not self.template:
+            raise UserError("--chat: the run's tokenizer has no chat template; train with one (data.source: chat "
+                            "with data.args.template, or a model whose tokenizer ships one), or drop --chat to "
+                            "continue the prompt as plain text")
+        try:
+            rendered = self.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        except Exception as e:  # the template is the model's own Jinja code: any error it raises is its message
+            raise UserError(f"--chat: the tokenizer's chat template failed on the prompt ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        # the template writes its special tokens (a start token, turn markers) as text: encode them, add no more
+        return (self.encode(rendered), *self.end_of_turn())
+
+    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+        return str(self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False,
+                                                add_generation_prompt=add_generation_prompt))
+
+    def end_of_turn(self) -> tuple[tuple[int, ...], Optional[str]]:
+        """What the template closes an assistant turn with, found by rendering a finished exchange and reading
+        what follows the answer: a special token (<|im_end|>, <|eot_id|>, </s>, ...), else that text."""
+        marker = "\x00answer\x00"
+        try:
+            rendered = self.render([{"role": "user", "content": "question"}, {"role": "assistant", "content": marker}])
+        except Exception:  # a template that takes no assistant turn: stop at eos only
+            return (), None
+        _, found, after = rendered.partition(marker)
+        after = after.strip() if found else ""
+        ids = self.encode(after) if after else []
+        special = set(self.tok.all_special_ids) | {int(i) for i in self.tok.added_tokens_decoder}
+        if ids and ids[0] in special:
+            return (ids[0],), None
+        return (), after or None
+
+
+def codec_for(pre: dict[str, Any]) -> Codec:
+    if is_stored(pre):
+        return StoredTokenizer(pre)
+    if pre.get("tokenizer") == "raw_bytes":
+        return RawBytes()
+    raise UserError(f"the run's preprocessing record has no usable tokenizer ({pre.get('tokenizer')!r}); generate "
+                    "needs data.tokenizer model, bpe or raw_bytes")
+
+
+class Detokenizer:
+    """New token ids in, new whole characters out: each push decodes everything generated so far and hands
+    on what was not handed on yet, holding back a character still cut in the middle of its bytes (U+FFFD).
+    With a `stop_text`, the text ends before its first occurrence (`stopped`), and an end of the text that may
+    be the start of it is held back until it is known not to be."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], on_text: Optional[Callable[[str], None]],
+                 stop_text: Optional[str] = None) -> None:
+        self.decode, self.on_text, self.stop_text = decode, on_text, stop_text
+        self.ids: list[int] = []
+        self.sent = ""
+        self.stopped = False
+
+    def text_of(self, ids: Sequence[int]) -> tuple[str, bool]:
+        """The text of `ids` up to the stop text, and whether it was reached."""
+        text = self.decode(ids)
+        at = text.find(self.stop_text) if self.stop_text else -1
+        return (text, False) if at < 0 else (text[:at], True)
+
+    def push(self, ids: Sequence[int]) -> None:
+        self.ids.extend(int(i) for i in ids)
+        text, self.stopped = self.text_of(self.ids)
+        if self.stop_text and not self.stopped:
+            text = text[: len(text) - _partial_at_end(text, self.stop_text)]
+        if not text.endswith("\ufffd"):
+            self._send(text)
+
+    def finish(self) -> str:
+        text, self.stopped = self.text_of(self.ids)
+        self._send(text)
+        return self.sent
+
+    def _send(self, text: str) -> None:
+        if len(text) > len(self.sent) and text.startswith(self.sent):
+            piece, self.sent = text[len(self.sent):], text
+            if self.on_text is not None:
+                self.on_text(piece)
+
+
+def _partial_at_end(text: str, stop: str) -> int:
+    """The length of the longest end of `text` that is a start of `stop`."""
+    for k in range(min(len(stop) - 1, len(text)), 0, -1):
+        if text.endswith(stop[:k]):
+            return k
+    return 0
+
+
+# ---- the two ways to generate ----------------------------------------------------------------------------------
+
+@torch.no_grad()
+def _generate_hf(model: nn.Module, ids: list[int], *, device: torch.device, max_new_tokens: int, temperature: float,
+                 top_p: float, stops: tuple[int, ...], pad_id: Optional[int], streamer_for: Detokenizer,
+                 notes: list[str]) -> list[int]:
+    # heavy (transformers): loaded already, the run's model is a transformers one
+    from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+    from transformers.generation.streamers import BaseStreamer
+
+    class Streamer(BaseStreamer):
+        """generate() puts the prompt first, then each new token."""
+
+        def __init__(self) -> None:
+            self.prompt_seen = False
+
+        def put(self, value: torch.Tensor) -> None:
+            if self.prompt_seen:
+                streamer_for.push(value.reshape(-1).tolist())
+            self.prompt_seen = True
+
+        def end(self) -> None:
+            pass
+
+    class StopText(StoppingCriteria):
+        """The end-of-turn text of the chat template has been generated (decoded the way the streamer does: it
+        sees each token only after this check)."""
+
+        def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+            reached = streamer_for.text_of(input_ids[0, len(ids):].tolist())[1]
+            return torch.full((input_ids.shape[0],), reached, dtype=torch.bool, device=input_ids.device)
+
+    lm = model.model  # HFModel wraps the transformers model (or its PEFT wrapper, which generates the same way)
+    context = _context_length(lm)
+    if context is not None:
+        if len(ids) >= context:
+            raise UserError(f"prompt: {len(ids)} tokens, the model's whole context is {context}; shorten it")
+        if len(ids) + max_new_tokens > context:
+            notes.append(f"max_new_tokens {max_new_tokens} cut to {context - len(ids)}: the prompt's {len(ids)} "
+                         f"tokens and the new ones must fit the model's context of {context}")
+            max_new_tokens = context - len(ids)
+    sampling = temperature > 0
+    # A config of our own, not the model's generation_config: only temperature and top-p shape the sampling
+    settings = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling, num_beams=1,
+                                eos_token_id=list(stops) or None, pad_token_id=pad_id,
+                                **(dict(temperature=temperature, top_p=top_p, top_k=0) if sampling else {}))
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    stop_text = StoppingCriteriaList([StopText()]) if streamer_for.stop_text else None
+    out = lm.generate(input_ids=x, attention_mask=torch.ones_like(x), generation_config=settings,
+                      streamer=Streamer(), stopping_criteria=stop_text)
+    return out[0, len(ids):].tolist()
+
+
+def _context_length(lm: nn.Module) -> Optional[int]:
+    config = getattr(lm, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+@torch.no_grad()
+def _generate_gpt(model: nn.Module, ids: list[int], *, device: torch.device, max_new_tokens: int,
+                  temperature: float, top_p: float, stops: tuple[int, ...], vocab_size: Optional[int],
+                  generator: torch.Generator, detokenizer: Detokenizer) -> list[int]:
+    """nanoGPT's sampling loop: the last block_size tokens in, the last position's logits out, one token on."""
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    new: list[int] = []
+    for _ in range(max_new_tokens):
+        logits = model(x[:, -model.block_size:])[0, -1].float()
+        if vocab_size is not None and vocab_size < logits.numel():
+            logits[vocab_size:] = float("-inf")  # padded vocabulary (e.g. 50304): never a real token
+        token = int(logits.argmax()) if temperature == 0 else _sample(logits, temperature, top_p, generator)
+        new.append(token)
+        detokenizer.push([token])
+        if token in stops or detokenizer.stopped:
+            break
+        x = torch.cat([x, torch.tensor([[token]], dtype=torch.long, device=device)], dim=1)
+    return new
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator) -> int:
+    """Temperature, then nucleus: the smallest set of most likely tokens whose probability reaches top_p."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = probs.sort(descending=True)
+    before = sorted_probs.cumsum(0) - sorted_probs  # probability of the tokens ranked above each one
+    sorted_probs[before >= top_p] = 0.0  # the first token always stays (0 < top_p)
+    choice = torch.multinomial(sorted_probs, 1, generator=generator)
+    return int(order[choice])
