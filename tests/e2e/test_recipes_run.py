@@ -41,6 +41,8 @@ ON_FILES = {
                                    "data.args.seq_len=32", "train.global_batch_size=8"],
     "causal_lm_finetune": lambda f: [f"data.path={f['docs']}", f"model.args.pretrained={f['llama']}",
                                      "data.args.block_size=32", "train.global_batch_size=4"],
+    "llm_lora_sft": lambda f: [f"data.path={f['chats']}", f"model.args.pretrained={f['chat_llama']}",
+                               "data.args.seq_len=64", "train.global_batch_size=2"],
     # timm's tiny test_resnet (its data config: 160x160 crops) stands in for ConvNeXt, weights from a file
     "images_finetune": lambda f: [f"data.path={f['photos']}", "model.args.arch=test_resnet",
                                   f"model.args.pretrained={f['timm']}", "train.global_batch_size=4"],
@@ -72,11 +74,18 @@ def files(tmp_path_factory) -> dict[str, Path]:
         for i in range(10):  # photos of different sizes and shapes, as a phone folder has
             h, w = int(rng.integers(120, 260)), int(rng.integers(120, 260))
             Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(photos / label / f"{i}.jpg")
+    chats = root / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t[:20]},
+                                                      {"role": "assistant", "content": t[20:]}]}) + "\n"
+                             for t in texts[:40]))
+    template = ("{% for m in messages %}{{ m['role'] + '\\n' + m['content'] + eos_token }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ 'assistant\\n' }}{% endif %}")
     weights = root / "test_resnet.safetensors"
     torch.manual_seed(0)
     save_file(timm.create_model("test_resnet", pretrained=False).state_dict(), str(weights))
     return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"),
-            "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights}
+            "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
+            "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
 
 
 @pytest.mark.parametrize("name", sorted(ON_FILES))
@@ -95,7 +104,7 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "completed" and doc["steps"] == 2
     ev = json.loads((run / "eval.json").read_text())
-    assert ev["loss"] > 0 and (("perplexity" in ev) == (name == "causal_lm_finetune"))
+    assert ev["loss"] > 0 and (("perplexity" in ev) == (name in ("causal_lm_finetune", "llm_lora_sft")))
     if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
         pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
         assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]
@@ -103,6 +112,8 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     assert AutoConfig.from_pretrained(run / "final" / "hf").model_type in ("bert", "llama")
     assert len(AutoTokenizer.from_pretrained(run / "final" / "hf")) == len(AutoTokenizer.from_pretrained(
         files["bert" if name == "textcls_finetune" else "llama"]))
+    if recipe.model.lora is not None:  # adapters beside the merged model, loadable by PEFT
+        assert json.loads((run / "final" / "adapter" / "adapter_config.json").read_text())["r"] == recipe.model.lora.r
 
 
 @pytest.mark.parametrize("name", sorted(SCALE_DOWN))

@@ -84,7 +84,18 @@ def adapter_names(model: nn.Module) -> Optional[set[str]]:
     it has a frozen base it refers to, else None (every weight)."""
     if base_reference(model) is None:
         return None
-    return {name for name, p in model.named_parameters() if p.requires_grad}
+    return {state_dict_name(name) for name, p in model.named_parameters() if p.requires_grad}
+
+
+WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.")  # activation checkpointing, compile
+
+
+def state_dict_name(name: str) -> str:
+    """A parameter's name as state_dict() gives it: the wrappers of activation checkpointing and compile leave
+    their part in named_parameters() but take it out of state dicts."""
+    for part in WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
 
 
 def check_base(saved: Optional[dict[str, Any]], model: nn.Module, where: str) -> None:

@@ -451,14 +451,15 @@ def _per_sample(flops: tuple[float, float], micro_batch_size: int) -> tuple[floa
 
 
 def _targets(info: DataInfo, batch_size: int) -> torch.Tensor:
-    """Class ids (B,) or next-token ids (B, T): the loss's memory does not depend on their values."""
-    shape = (batch_size, *info.input_shape) if info.task == "lm" else (batch_size,)
+    """Class ids (B,) or next-token ids (B, T): the loss's memory does not depend on their values. (Chat inputs are
+    (B, 2, T), token and position ids; their targets (B, T).)"""
+    shape = (batch_size, info.input_shape[-1]) if info.task == "lm" else (batch_size,)
     return torch.zeros(shape, dtype=torch.long)
 
 
 def _tokens_per_sample(info: DataInfo) -> int:
-    if info.input_dtype == "int64" and len(info.input_shape) == 1:
-        return int(info.seq_len or info.input_shape[0])
+    if info.input_dtype == "int64" and (len(info.input_shape) == 1 or info.task == "lm"):  # chat: (2, T)
+        return int(info.seq_len or info.input_shape[-1])
     return 1
 
 
