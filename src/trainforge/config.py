@@ -134,9 +134,19 @@ class ModelConfig(Section):
     target: Optional[str] = None  # "pkg.module:factory" when name is custom
     args: dict[str, Any] = Field(default_factory=dict)
     lora: Optional[LoraConfig] = None  # LoRA adapters on a pretrained hf model; the base stays frozen
+    # QLoRA: the frozen base's Linear weights in the transformer blocks quantized (torchao), under model.lora
+    quantize_base: Literal["nf4", "int8", "none"] = "none"
     # set by `trainforge compress` on a pruned model's fine-tuning run: the weights are this architecture
     # with channels removed, and loading resizes its layers to them
     pruned: bool = False
+
+    @model_validator(mode="after")
+    def _quantize_needs_lora(self) -> "ModelConfig":
+        if self.quantize_base != "none" and self.lora is None:
+            raise ValueError(f"model.quantize_base: quantizing the frozen base needs model.lora; add model.lora "
+                             f"(e.g. model.lora={{r: 8, alpha: 16}}) or set model.quantize_base=none "
+                             f"(got {self.quantize_base})")
+        return self
 
 
 class ParamGroupConfig(Section):

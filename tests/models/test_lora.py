@@ -136,3 +136,14 @@ def test_the_planner_simulates_a_frozen_base_with_adapters(files):
     total = sum(p.numel() * 4 for p in real.parameters() if not p.requires_grad)
     assert adapted["optimizer_state"] == pytest.approx(2 * adapters, rel=0.05)
     assert full["optimizer_state"] == pytest.approx(2 * total, rel=0.05)
+
+
+def test_ema_averages_the_adapters_alone(files, tmp_path):
+    """train.ema_decay with LoRA: the shadow holds the trainable weights only, and the run finishes with them."""
+    result = train(files, tmp_path / "ema", "train.max_steps=3", "train.ema_decay=0.9")
+    saved = load_file(str(result.run_dir / "final" / "model.safetensors"))
+    assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved)
+    model = load_trained(result.run_dir).build_model()
+    from trainforge.training.ema import EMA
+
+    assert set(EMA(model, 0.9).shadow) == set(saved)

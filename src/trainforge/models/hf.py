@@ -25,7 +25,6 @@ classification the attention mask marks the padding id (the data's: 0 for the by
 from __future__ import annotations
 
 import contextlib
-import copy
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -36,6 +35,7 @@ from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.hub import from_hub
 from trainforge.models.base import InputSpec, materializing
+from trainforge.models.quantize_base import dequantized_copy
 from trainforge.models.zoo import DataFit, input_spec, register_model
 
 FIELD = "model.args.pretrained"
@@ -83,10 +83,11 @@ class HFModel(nn.Module):
 
     def save_native(self, directory: Path) -> None:
         """The model in transformers' own format (config.json + model.safetensors); a LoRA model merged into a copy
-        of its base first, so it loads without PEFT."""
+        of its base first, so it loads without PEFT; a quantized base (QLoRA) dequantized first, so the merged model
+        is full precision (`quantize_base.dequantized_copy`)."""
         model = self.model
         if self.base_reference is not None:
-            model = copy.deepcopy(model).merge_and_unload()
+            model = dequantized_copy(model).merge_and_unload()
         with no_progress_bars():
             model.save_pretrained(str(directory))
 

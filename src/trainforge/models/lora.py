@@ -23,13 +23,15 @@ from torch import nn
 from trainforge.config import LoraConfig
 from trainforge.errors import UserError
 from trainforge.models.base import materializing
+from trainforge.models.quantize_base import quantize_base
 
 FIELD = "model.lora"
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig, source: Optional[str]) -> nn.Module:
+def apply_lora(model: nn.Module, cfg: LoraConfig, source: Optional[str], quantize: str = "none") -> nn.Module:
     """`model` (an HFModel) with LoRA adapters on `cfg.target_modules`, in place; only adapters (and a new
-    classification head) train. `source`: the base's hub id or folder, recorded in `base_reference`."""
+    classification head) train. `source`: the base's hub id or folder, recorded in `base_reference` (the weights
+    as loaded, before `quantize`: model.quantize_base, QLoRA, quantizes the frozen base once the adapters are in)."""
     from peft import LoraConfig as PeftLoraConfig  # heavy (peft imports transformers' trainer parts): LoRA runs only
     from peft import get_peft_model
 
@@ -51,6 +53,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, source: Optional[str]) -> nn.M
                         f"({str(e).splitlines()[0][:120]}); its Linear layers are named: {', '.join(names)}; or use "
                         "all-linear", public=True) from None
     model.base_reference = {"source": source, "sha256": digest}
+    quantize_base(model.model, quantize)
     return model
 
 

@@ -121,7 +121,7 @@ def build_model(cfg: ModelConfig, info: DataInfo) -> tuple[nn.Module, InputSpec]
     model, spec = factory(info, **args)
     if cfg.lora is not None:
         pretrained = cfg.args.get("pretrained")
-        model = apply_lora(model, cfg.lora, source=str(pretrained) if pretrained else None)
+        model = apply_lora(model, cfg.lora, source=str(pretrained) if pretrained else None, quantize=cfg.quantize_base)
     return model, spec
 
 

@@ -1,7 +1,9 @@
 """Exponential moving average of the weights (`train.ema_decay`), evaluated and saved instead of the raw weights.
 
 The shadow has the layout of the model's own state: whole tensors, or under FSDP each rank's shards (DTensors),
-so it costs 1/N of the weights per rank there too and is stored the way the strategy stores the model.
+so it costs 1/N of the weights per rank there too and is stored the way the strategy stores the model. A model
+with adapters on a frozen base (LoRA, QLoRA) averages its adapters only: the base never changes, and a quantized
+base could not be averaged at all.
 """
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from trainforge.training.checkpoint import kept_weights
+
 
 class EMA:
     def __init__(self, model: nn.Module, decay: float) -> None:
         self.decay = decay
-        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items() if v.dtype.is_floating_point}
+        kept = kept_weights(model, model.state_dict())
+        self.shadow = {k: v.detach().clone() for k, v in kept.items() if v.dtype.is_floating_point}
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
