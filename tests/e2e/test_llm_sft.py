@@ -92,3 +92,24 @@ def test_packed_and_unpacked_windows_give_the_same_loss_on_the_same_conversation
         windows[pack] = len(x)
     assert windows[True] < windows[False]  # packing did pack
     assert losses[True] == pytest.approx(losses[False], abs=1e-5)
+
+
+def test_each_evaluation_writes_greedy_answers_to_fixed_validation_prompts(files, tmp_path):
+    """samples.jsonl holds, per evaluation, the same validation prompts with the model's greedy answer and the
+    reference; the report shows them; the answers are what `trainforge generate` says for that prompt."""
+    cfg = trainforge.load_config("llm_lora_sft", sft(files, "train.max_steps=4", "train.eval_every_steps=2",
+                                                     "train.global_batch_size=2", "train.micro_batch_size=2",
+                                                     "data.val_fraction=0.3"))
+    run_dir = trainforge.train(cfg, run_dir=tmp_path / "run").run_dir
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    steps = sorted({r["step"] for r in rows})
+    assert steps == [2, 4] and len(rows) == 2 * len([r for r in rows if r["step"] == 2]) >= 4
+    first = [r for r in rows if r["step"] == 2]
+    assert [r["prompt"] for r in first] == [r["prompt"] for r in rows if r["step"] == 4]
+    for r in first:  # a prompt is a rendered question, the reference its crafted answer
+        question = r["prompt"].split("user\n")[1].split("</s>")[0]
+        assert question in QUESTIONS and r["reference"].strip() == ANSWERS[QUESTIONS.index(question)]
+    last = [r for r in rows if r["step"] == 4]
+    assert [generate(run_dir, r["prompt"].split("user\n")[1].split("</s>")[0], chat=True, temperature=0,
+                     max_new_tokens=48).text for r in last] == [r["answer"] for r in last]
+    assert "Generated answers" in (run_dir / "report.html").read_text()

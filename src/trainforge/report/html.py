@@ -64,6 +64,9 @@ def write_report(run_dir: Path, extra_sections: Sequence[tuple[str, str]] = ()) 
         sections.append(("confusion", "Confusion matrix", _confusion_section(eval_json)))
     if eval_json is not None and isinstance(eval_json.get("per_class"), Mapping):
         sections.append(("per-class", "Per-class report", _per_class_table(eval_json["per_class"])))
+    samples, _ = _read_rows(run_dir / SAMPLES_FILE)
+    if samples:
+        sections.append(("answers", "Generated answers", _answers_section(samples)))
     sections.append(("data", "Data", _data_section(data_report, data_note)))
     sections.append(("config", "Config", _config_section(config_text, config_note)))
     for i, (title, body) in enumerate(extra_sections):
@@ -152,6 +155,22 @@ def _per_class_table(per_class: Mapping[str, Any]) -> str:
         cells = "".join(_value_cell(stats.get(c)) for c in columns)
         body.append(f"<tr><th>{escape(str(name))}</th>{cells}</tr>")
     return f"<table>{head}{''.join(body)}</table>"
+
+
+SAMPLES_FILE = "samples.jsonl"  # a chat run's greedy answers to fixed validation prompts (training.generate)
+ANSWER_CHARS = 600
+
+
+def _answers_section(rows: list[dict]) -> str:
+    """The first and the latest evaluation's answers side by side with the reference answers."""
+    steps = sorted({r.get("step") for r in rows if isinstance(r.get("step"), int)})
+    shown = [steps[0], steps[-1]] if len(steps) > 1 else steps
+    head = "<tr><th>step</th><th>prompt</th><th>answer</th><th>reference</th></tr>"
+    cells = lambda r, k: f"<td><pre>{escape(str(r.get(k, ''))[:ANSWER_CHARS])}</pre></td>"  # noqa: E731
+    body = [f"<tr><td>{r['step']}</td>{cells(r, 'prompt')}{cells(r, 'answer')}{cells(r, 'reference')}</tr>"
+            for step in shown for r in rows if r.get("step") == step]
+    return (note(f"Greedy answers to the first validation conversations at evaluation steps {', '.join(map(str, shown))} "
+                 f"(all {len(steps)} evaluations in {SAMPLES_FILE}).") + f"<table>{head}{''.join(body)}</table>")
 
 
 def _data_section(data_report: Optional[dict], missing: Optional[str]) -> str:

@@ -384,3 +384,50 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: t
     sorted_probs[before >= top_p] = 0.0  # the first token always stays (0 < top_p)
     choice = torch.multinomial(sorted_probs, 1, generator=generator)
     return int(order[choice])
+
+
+# ---- answers to fixed validation prompts, at each evaluation of a chat run --------------------------------------
+
+EVAL_PROMPTS = 3  # conversations of the val split whose first answer is generated at each evaluation
+EVAL_NEW_TOKENS = 48
+SAMPLES_FILE = "samples.jsonl"  # in the run directory: {"step", "prompt", "answer", "reference"} a line
+
+
+def val_prompts(samples: Any, limit: int = EVAL_PROMPTS) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reference ids) of the first conversation of each of the first `limit` windows of a chat split:
+    the prompt is the conversation up to its first answer, the reference that answer (its loss tokens)."""
+    out = []
+    for i in range(min(limit, len(samples))):
+        x, y = samples[i]
+        ids, labelled = x[0].tolist(), (y != -100).nonzero().flatten().tolist()
+        if not labelled:
+            continue
+        first = last = labelled[0]
+        while last + 1 in labelled:
+            last += 1
+        out.append((ids[: first + 1], ids[first + 1 : last + 2]))
+    return out
+
+
+def answer_prompts(model: nn.Module, preprocess: dict[str, Any], prompts: list[tuple[list[int], list[int]]], *,
+                   device: torch.device, max_new_tokens: int = EVAL_NEW_TOKENS) -> list[dict[str, str]]:
+    """Greedy answers of `model` (an hf causal LM, in training) to `prompts`, decoded with the run's tokenizer:
+    what the report shows beside the validation loss. The model is left in the mode it was in."""
+    codec = codec_for(preprocess)
+    stop_ids, stop_text = codec.end_of_turn() if isinstance(codec, StoredTokenizer) else ((), None)
+    stops = tuple(dict.fromkeys([*codec.eos_ids, *stop_ids]))
+    was_training, rows = model.training, []
+    model.eval()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # training's RNG untouched
+            for ids, reference in prompts:
+                out = Detokenizer(codec.decode, None, stop_text)
+                _generate_hf(model, ids, device=device, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0,
+                             stops=stops, pad_id=codec.pad_id, streamer_for=out, notes=[])
+                shown = codec.tok.decode(ids, skip_special_tokens=False) if isinstance(codec, StoredTokenizer) else (
+                    codec.decode(ids))  # the prompt as the model saw it, its template's markers included
+                rows.append({"prompt": shown, "answer": out.finish(),
+                             "reference": Detokenizer(codec.decode, None, stop_text).text_of(reference)[0]})
+    finally:
+        model.train(was_training)
+    return rows

@@ -46,6 +46,7 @@ from trainforge.training.checkpoint import kept_weights, load_model_weights
 from trainforge.training.early_stop import EarlyStopper
 from trainforge.training.ema import EMA
 from trainforge.training.evaluate import evaluate_model
+from trainforge.training.generate import SAMPLES_FILE, answer_prompts, val_prompts
 from trainforge.training.losses import task_loss
 from trainforge.training.metrics import MetricsLog, NullLog, Window, truncate_metrics
 from trainforge.training.optim import build_optimizer, set_lr
@@ -125,6 +126,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
                                            rank=env.rank)
     if env.is_main:
         truncate_metrics(run_dir / "metrics.jsonl", after_step=state.step)
+        truncate_metrics(run_dir / SAMPLES_FILE, after_step=state.step)  # a chat run's answers, likewise
     batches = TrainBatches(inputs.data.train, seed=cfg.seed, micro_batch_size=setup.micro_batch_size,
                            global_batch_size=setup.global_batch_size, num_workers=setup.num_workers,
                            pin_memory=setup.pin_memory, rank=env.rank, world_size=env.world_size)
@@ -139,6 +141,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
         progress.log(note)
     if state.step:
         progress.log(f"resumed at step {state.step} of {setup.total_steps} (epoch {state.epoch})")
+    answers = eval_answers(inputs, run_dir, device) if env.is_main else None
     window, it = Window(), None
     reset_peak_memory(device)
     model.train()
@@ -198,7 +201,8 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
 
             # evaluate: val row, early stopping, best weights, a tuner's verdict
             if done % setup.eval_every_steps == 0 or done == setup.total_steps:
-                evaluate_and_track(state, model, strategy, val_loader, info, metrics, progress, hooks.on_eval)
+                evaluate_and_track(state, model, strategy, val_loader, info, metrics, progress, hooks.on_eval,
+                                   samples=answers)
 
             # checkpoint when due (not amid a run of non-finite losses), at the end, on a signal, on early stop
             due = (done % setup.checkpoint_every_steps == 0 or done == setup.total_steps) and state.bad_steps_in_row == 0
@@ -307,10 +311,11 @@ def skip_step(state: TrainState, loss: float, step: int, max_bad_steps: int, run
 
 
 def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, val_loader, info: DataInfo,
-                       metrics, progress: TrainProgress, on_eval: Optional[Callable[[int, dict], bool]]) -> None:
+                       metrics, progress: TrainProgress, on_eval: Optional[Callable[[int, dict], bool]],
+                       samples: Optional[Callable[[nn.Module, int], None]] = None) -> None:
     """Evaluate on rank 0 (on every rank under FSDP, whose forward is a collective, and rank 0's numbers are
-    then everyone's): val row, early stopping and best weights, a tuner's verdict; every rank ends with
-    rank 0's status."""
+    then everyone's): val row, a chat run's answers to fixed validation prompts (`samples`), early stopping and
+    best weights, a tuner's verdict; every rank ends with rank 0's status."""
     setup, done = state.setup, state.step
     env = setup.env
     if env.is_main or strategy.every_rank_evaluates:
@@ -319,6 +324,9 @@ def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, 
         empty_cache(setup.device)  # hand the evaluation's cached blocks back (CUDA): others share the GPU
         state.val = broadcast_object(env, val) if strategy.every_rank_evaluates else val
         metrics.log({"split": "val", "step": done, "epoch": round(done / setup.steps_per_epoch, 4), **state.val})
+        if samples is not None and env.is_main and not strategy.every_rank_evaluates:
+            with state.ema.swapped_in(model) if state.ema else contextlib.nullcontext():
+                samples(model, done)
         stopper = state.stopper
         if stopper is not None:
             if stopper.update(state.val, done):
@@ -331,6 +339,21 @@ def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, 
             state.status = "pruned"
             progress.log(f"stopped at step {done}: the caller pruned this run")
     state.status = broadcast_object(env, state.status)
+
+
+def eval_answers(inputs: RunInputs, run_dir: Path, device: torch.device) -> Optional[Callable[[nn.Module, int], None]]:
+    """For a chat run of an hf causal LM: at each evaluation, greedy answers to the first validation conversations'
+    prompts, appended to samples.jsonl (the report shows them); None for any other run."""
+    pre = inputs.data.preprocess
+    if not pre.get("chat_template") or inputs.cfg.model.name != "hf" or inputs.data.info.task != "lm":
+        return None
+    prompts = val_prompts(inputs.data.val)
+
+    def write(model: nn.Module, step: int) -> None:
+        rows = answer_prompts(model, pre, prompts, device=device)
+        with (run_dir / SAMPLES_FILE).open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
+    return write if prompts else None
 
 
 def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunInputs,
