@@ -43,6 +43,8 @@ ON_FILES = {
                                      "data.args.block_size=32", "train.global_batch_size=4"],
     "llm_lora_sft": lambda f: [f"data.path={f['chats']}", f"model.args.pretrained={f['chat_llama']}",
                                "data.args.seq_len=64", "train.global_batch_size=2"],
+    "llm_qlora_sft": lambda f: [f"data.path={f['chats']}", f"model.args.pretrained={f['chat_llama']}",
+                                "data.args.seq_len=64", "train.global_batch_size=2"],
     # timm's tiny test_resnet (its data config: 160x160 crops) stands in for ConvNeXt, weights from a file
     "images_finetune": lambda f: [f"data.path={f['photos']}", "model.args.arch=test_resnet",
                                   f"model.args.pretrained={f['timm']}", "train.global_batch_size=4"],
@@ -104,7 +106,7 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "completed" and doc["steps"] == 2
     ev = json.loads((run / "eval.json").read_text())
-    assert ev["loss"] > 0 and (("perplexity" in ev) == (name in ("causal_lm_finetune", "llm_lora_sft")))
+    assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
     if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
         pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
         assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]
