@@ -114,3 +114,29 @@ def test_bf16_autocast_with_accumulation_trains_a_pretrained_bert(files, tmp_pat
     losses = [r["loss"] for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "train"]
     assert len(losses) == 12 and all(map(torch.isfinite, torch.tensor(losses)))
     assert sum(losses[-3:]) / 3 < losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_lora_on_two_processes_matches_one_and_keeps_only_adapters(files, tmp_path, strategy):
+    """LoRA under ddp and under fsdp (FSDP2 over blocks whose base weights are frozen): 2 x 4 matches 1 x 8, and
+    the checkpoint (whole or sharded) and final/ hold the adapters alone."""
+    from safetensors.torch import load_file
+
+    lora = "model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}"
+    in_process(tmp_path / "one", llama_run(files, "train.max_steps=4", lora, "optim.lr=1e-2"), micro=8)
+    run(command(tmp_path / "two", *llama_run(files, "train.max_steps=4", lora, "optim.lr=1e-2",
+                                           f"distributed.strategy={strategy}"), nproc=2, micro=4))
+    one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert len(one) == len(two) == 4 and max(abs(a - b) for a, b in zip(one, two)) < 1e-5
+    a, b = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert a.keys() == b.keys() and all(".lora_" in k for k in a)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    step = tmp_path / "two" / "checkpoints" / "step-000004"
+    if strategy == "ddp":
+        assert set(load_file(str(step / "model.safetensors"))) == set(a)
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        saved = FileSystemReader(str(step)).read_metadata().state_dict_metadata
+        assert {k.removeprefix("model.") for k in saved if k.startswith("model.")} == set(a)
