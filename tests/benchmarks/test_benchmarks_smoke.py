@@ -48,3 +48,23 @@ def test_finetune_vs_hf_benchmark_trains_the_same_thing_on_both_sides(capsys):
     loss = doc["loss"]
     assert abs(loss["trainforge_last_mean"] - loss["hf_last_mean"]) < 1e-4
     assert loss["trainforge_last_mean"] != loss["trainforge_first"]  # it trained: the curves are not flat
+
+
+def test_lora_vs_peft_benchmark_trains_the_same_adapters_on_both_sides(capsys):
+    """A few lockstep steps of trainforge's model.lora and PEFT + transformers.Trainer on the same saved tiny Llama,
+    windows, order, initial adapters and optimizer: the per-step loss curves coincide. Without the memory runs
+    (--mem-steps 0: they would triple the time; the full run reports them)."""
+    spec = importlib.util.spec_from_file_location("lora_vs_peft", BENCH.parent / "lora_vs_peft.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rc = module.main(["--repeats", "1", "--steps", "8", "--skip", "2", "--batch-size", "4", "--block-size", "32",
+                      "--lr", "1e-2", "--mem-steps", "0", "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"ratio", "step_s", "max_loss_diff", "memory_ratio", "memory", "checks", "loss"} <= doc.keys()
+    assert set(doc["step_s"]) == {"trainforge", "hf"} and all(t > 0 for t in doc["step_s"].values())
+    assert doc["timed_steps_per_side"] == 5 and 0.2 < doc["ratio"] < 5
+    assert doc["checks"]["same_initial_weights"] and doc["checks"]["lr_schedule_max_abs_diff"] == 0
+    assert doc["max_loss_diff"] < 1e-5, doc["max_loss_diff"]
+    assert doc["loss"]["trainforge_last_mean"] != doc["loss"]["trainforge_first"]  # the adapters trained
+    assert doc["memory"] is None and doc["memory_ratio"] is None
