@@ -113,3 +113,30 @@ def test_each_evaluation_writes_greedy_answers_to_fixed_validation_prompts(files
     assert [generate(run_dir, r["prompt"].split("user\n")[1].split("</s>")[0], chat=True, temperature=0,
                      max_new_tokens=48).text for r in last] == [r["answer"] for r in last]
     assert "Generated answers" in (run_dir / "report.html").read_text()
+
+
+def test_final_hf_serves_chat_alone_with_the_template_it_trained_with(files, tmp_path, capsys):
+    """A run on a built-in template (chatml) its tokenizer lacks: final/hf carries that template, transformers
+    renders with it, and `trainforge predict` / `generate` serve final/hf with greedy answers equal to the run's."""
+    from transformers import AutoTokenizer
+
+    from trainforge.cli import main
+
+    cfg = trainforge.load_config("llm_lora_sft", sft(files, "train.max_steps=2", "data.args.template=chatml", "data.args.seq_len=128",
+                                                     "train.global_batch_size=2", "train.micro_batch_size=2"))
+    run_dir = trainforge.train(cfg, run_dir=tmp_path / "run").run_dir
+    hf = run_dir / "final" / "hf"
+    rendered = AutoTokenizer.from_pretrained(hf).apply_chat_template([{"role": "user", "content": "alpha beta"}],
+                                                                      tokenize=False, add_generation_prompt=True)
+    assert rendered == "<|im_start|>user\nalpha beta<|im_end|>\n<|im_start|>assistant\n"
+    expected = [generate(run_dir, q, chat=True, temperature=0, max_new_tokens=8).text for q in QUESTIONS[:2]]
+    assert [generate(hf, q, chat=True, temperature=0, max_new_tokens=8).text for q in QUESTIONS[:2]] == expected
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(QUESTIONS[:2]) + "\n")
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(hf), str(prompts), "--json"])
+    assert code.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert [p["input"] for p in doc["predictions"]] == QUESTIONS[:2]
+    served = [generate(hf, q, chat=True, temperature=0, max_new_tokens=256).text for q in QUESTIONS[:2]]
+    assert [p["text"] for p in doc["predictions"]] == served and doc["variant"] == "hf" and doc["chat"]

@@ -24,7 +24,8 @@ def register(app: typer.Typer) -> None:
 
 def _predict_command(
     artifact: Path = typer.Argument(..., metavar="ARTIFACT", help="An .onnx file from `trainforge compress`, or its output folder "
-                                    "(serves the variant compress recommended: the fastest at batch 32 within the accuracy tolerance)."),
+                                    "(serves the variant compress recommended: the fastest at batch 32 within the accuracy tolerance); "
+                                    "or a causal LM's final/hf folder (greedy answers, one per input line)."),
     inputs: Optional[List[str]] = typer.Argument(None, metavar="INPUT", help="Image files; text files (one input "
                                                  "per line) or - for stdin; CSV files with the feature columns."),
     variant: Optional[str] = typer.Option(None, "--variant", metavar="NAME", help="Serve this variant of the folder "
@@ -36,13 +37,22 @@ def _predict_command(
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of the .onnx file against "
                                    "its folder's manifest.json (e.g. an artifact exported before manifests existed)."),
 ) -> None:
-    """Classify inputs with an exported ONNX artifact (onnxruntime + numpy only; torch is not imported)."""
+    """Classify inputs with an exported ONNX artifact (onnxruntime + numpy only; torch is not imported), or answer
+    each line of text INPUTs with a causal LM folder (a run's final/hf; torch and transformers)."""
     from trainforge.compression.predict import predict  # numpy + onnxruntime: the CLI starts fast without them
 
     result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads, verify=not no_verify,
                      variant=variant)
     if as_json:
         print_json(result)
+        return
+    if result["variant"] == "hf":  # a causal LM folder: its greedy answers
+        table = Table(title=Text(f"{result['artifact']} (greedy{', chat template' if result['chat'] else ''})"))
+        table.add_column("input")
+        table.add_column("answer")
+        for p in result["predictions"]:
+            table.add_row(Text(p["input"]), Text(p["text"]))
+        out.print(table)
         return
     why = {"recommended": ", recommended by compress", "--variant": f", chosen with --variant; compress recommends "
            f"{result['recommended']}"}.get(result["chosen_by"], "")

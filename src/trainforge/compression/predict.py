@@ -15,6 +15,7 @@ says how to turn the inputs into a batch (`trainforge.compression.serving`).
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, Union
@@ -23,7 +24,7 @@ import numpy as np
 
 from trainforge.compression.artifact import FILE_NAMES, INPUT_NAME, OUTPUT_NAME, meta_from_session
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, servable
-from trainforge.compression.serving import READERS, Sample
+from trainforge.compression.serving import READERS, STDIN, Sample, require_files, text_lines
 from trainforge.errors import UserError
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
 
@@ -122,6 +123,34 @@ def folder_variants(folder: Path, digests: Optional[dict[str, str]]) -> tuple[di
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise UserError(f"ARTIFACT: {record} is damaged or not a `trainforge compress` record; re-run "
                         "`trainforge compress` or pass one of its .onnx files") from None
+
+
+GENERATION_NEW_TOKENS = 256
+
+
+def serve_generation(folder: Path, inputs: Sequence[str], *, stdin: Optional[BinaryIO], verify: bool) -> dict[str, Any]:
+    """Answer each non-empty line of the text INPUTs with a causal LM saved by save_pretrained (a run's final/hf):
+    greedy, as one user message of its chat template when its tokenizer has one, else as text to continue.
+    This path needs torch and transformers (the ONNX path above does not)."""
+    # heavy (torch, transformers): only serving a causal LM folder needs them
+    from trainforge.training.generate import load_generator
+
+    require_files(inputs, "text files (one prompt a line) or - (standard input)", allow_stdin=True)
+    prompts = [line for name in inputs for _, line in text_lines(read_input(name, stdin))]
+    if not prompts:
+        raise UserError("INPUT: no non-empty line to answer; pass text files with one prompt a line")
+    model = load_generator(folder, verify)  # checks the folder (manifest) and that it is a causal LM
+    chat = bool(getattr(model.codec, "template", None))
+    answers = [model.complete(p, chat=chat, temperature=0.0, max_new_tokens=GENERATION_NEW_TOKENS) for p in prompts]
+    return {"artifact": str(folder), "variant": "hf", "recommended": None, "chosen_by": "file", "chat": chat,
+            "predictions": [{"input": p, "text": a.text, "new_tokens": a.new_tokens, "stopped": a.stopped}
+                            for p, a in zip(prompts, answers)]}
+
+
+def read_input(name: str, stdin: Optional[BinaryIO]) -> bytes:
+    if name == STDIN:
+        return (stdin or sys.stdin.buffer).read()
+    return Path(name).read_bytes()
 
 
 def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify: bool = True,
@@ -257,6 +286,8 @@ def predict(
     check_positive(threads, "--threads")
     if not inputs:
         raise UserError("INPUT: no inputs given; pass image files, text files, CSV files or - (standard input)")
+    if (Path(artifact) / "config.json").is_file():  # a transformers folder (a run's final/hf): a causal LM to serve
+        return serve_generation(Path(artifact), inputs, stdin=stdin, verify=verify)
     art = load_artifact(artifact, threads=threads, verify=verify, variant=variant)
     read = READERS.get(art.meta["modality"])(art.meta, str(art.path), stdin)
     predictions = classify(art, read(inputs), top_k, batch_size)

@@ -96,9 +96,13 @@ class TextTokenizer:
 
 
 def save_tokenizer(pre: Optional[dict[str, Any]], directory: Path) -> None:
-    """The stored tokenizer of a run, if any, into `directory` (beside a model's save_pretrained files)."""
+    """The stored tokenizer of a run, if any, into `directory` (beside a model's save_pretrained files), with the chat
+    template a chat run trained with (chat_template.jinja, which transformers loads with the tokenizer)."""
     if is_stored(pre):
         TextTokenizer.from_preprocess(pre).save(directory)
+        template = pre.get("chat_template")
+        if isinstance(template, str) and template:
+            (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
 
 
 def is_stored(pre: Optional[dict[str, Any]]) -> bool:

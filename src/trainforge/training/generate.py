@@ -75,42 +75,112 @@ def generate(
     on_text: Optional[Callable[[str], None]] = None,
     verify: bool = True,
 ) -> GenerateResult:
-    """Continue `prompt` (or answer it, with `chat`) with the model of a run dir / final/ / checkpoints/step-*.
+    """Continue `prompt` (or answer it, with `chat`) with the model of a run dir / final/ / checkpoints/step-*, or
+    of a folder save_pretrained wrote (a run's final/hf: transformers alone, the base not needed).
 
     `on_text` receives the generated text piece by piece as it is produced (whole characters only).
     """
     check_settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed)
-    trained = load_trained(path, verify=verify)
-    check_causal_lm(trained)
-    codec = codec_for(trained.preprocess)
-    ids, stops, stop_text = codec.chat(prompt) if chat else (codec.encode(prompt), (), None)
-    if not ids:
-        ids = codec.start_ids()
-    stops = tuple(dict.fromkeys([*codec.eos_ids, *stops]))
+    return load_generator(path, verify).complete(prompt, chat=chat, max_new_tokens=max_new_tokens,
+                                                 temperature=temperature, top_p=top_p, seed=seed, on_text=on_text)
+
+
+@dataclass
+class Generator:
+    """A loaded causal LM with its tokenizer: `complete` as many prompts as wanted (`trainforge predict` serves
+    final/hf this way)."""
+
+    model: nn.Module
+    codec: "Codec"
+    name: str  # hf | gpt
+    source: str
+    vocab_size: Optional[int]
+    device: torch.device
+
+    def complete(self, prompt: str, *, chat: bool = False, max_new_tokens: int = MAX_NEW_TOKENS,
+                 temperature: float = TEMPERATURE, top_p: float = TOP_P, seed: int = SEED,
+                 on_text: Optional[Callable[[str], None]] = None) -> GenerateResult:
+        codec, device = self.codec, self.device
+        ids, stops, stop_text = codec.chat(prompt) if chat else (codec.encode(prompt), (), None)
+        if not ids:
+            ids = codec.start_ids()
+        stops = tuple(dict.fromkeys([*codec.eos_ids, *stops]))
+        out = Detokenizer(codec.decode, on_text, stop_text)
+        notes: list[str] = []
+        started = time.perf_counter()
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the caller's RNG untouched
+            torch.manual_seed(seed)
+            if self.name == "hf":
+                new = _generate_hf(self.model, ids, device=device, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, top_p=top_p, stops=stops, pad_id=codec.pad_id,
+                                   streamer_for=out, notes=notes)
+            else:
+                generator = torch.Generator(device=device).manual_seed(seed)
+                new = _generate_gpt(self.model, ids, device=device, max_new_tokens=max_new_tokens,
+                                    temperature=temperature, top_p=top_p, stops=stops, vocab_size=self.vocab_size,
+                                    generator=generator, detokenizer=out)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - started
+        text = out.finish()
+        return GenerateResult(prompt=prompt, text=text, new_tokens=len(new),
+                              stopped="eos" if out.stopped or (new and new[-1] in stops) else "max_new_tokens",
+                              seconds=seconds, tokens_per_s=len(new) / seconds if seconds > 0 else 0.0,
+                              source=self.source, token_ids=new, notes=notes)
+
+
+def load_generator(path: str | Path, verify: bool = True) -> Generator:
     device = resolve_device("auto")
-    model = trained.build_model().to(device).eval()
-    out = Detokenizer(codec.decode, on_text, stop_text)
-    notes: list[str] = []
-    started = time.perf_counter()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # the caller's RNG untouched
-        torch.manual_seed(seed)
-        if trained.config.model.name == "hf":
-            new = _generate_hf(model, ids, device=device, max_new_tokens=max_new_tokens, temperature=temperature,
-                               top_p=top_p, stops=stops, pad_id=codec.pad_id, streamer_for=out, notes=notes)
-        else:
-            generator = torch.Generator(device=device).manual_seed(seed)
-            new = _generate_gpt(model, ids, device=device, max_new_tokens=max_new_tokens, temperature=temperature,
-                                top_p=top_p, stops=stops, vocab_size=codec.vocab_size or trained.info.vocab_size,
-                                generator=generator, detokenizer=out)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - started
-    text = out.finish()
-    return GenerateResult(prompt=prompt, text=text, new_tokens=len(new),
-                          stopped="eos" if out.stopped or (new and new[-1] in stops) else "max_new_tokens",
-                          seconds=seconds,
-                          tokens_per_s=len(new) / seconds if seconds > 0 else 0.0, source=str(trained.source),
-                          token_ids=new, notes=notes)
+    if is_transformers_folder(path):  # final/hf (or any save_pretrained folder): transformers alone, no base needed
+        model, preprocess, name, source = load_transformers_folder(Path(path), verify)
+        vocab = None
+    else:
+        trained = load_trained(path, verify=verify)
+        check_causal_lm(trained)
+        model, preprocess = trained.build_model(), trained.preprocess
+        name, source, vocab = trained.config.model.name, str(trained.source), trained.info.vocab_size
+    codec = codec_for(preprocess)
+    return Generator(model.to(device).eval(), codec, name, source, codec.vocab_size or vocab, device)
+
+
+TOKENIZER_SUFFIXES = (".json", ".jinja", ".txt", ".model")  # what save_pretrained writes for a tokenizer
+
+
+def is_transformers_folder(path: str | Path) -> bool:
+    """A folder save_pretrained wrote (config.json, no trainforge model.json): a run's final/hf, say."""
+    path = Path(path)
+    return (path / "config.json").is_file() and not (path / "model.json").is_file()
+
+
+def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[str, Any], str, str]:
+    """(model, a preprocessing record holding the folder's tokenizer files, "hf", source) of a causal LM folder,
+    checked against its manifest when it has one (a run's final/hf has)."""
+    # heavy (transformers): only generation from such a folder needs it
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainforge.integrity import MANIFEST_FILE, check_files, read_digests
+    from trainforge.models.hf import HFModel, no_progress_bars
+
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST_FILE)
+    if verify and (path / MANIFEST_FILE).is_file():
+        check_files(path, read_digests(path, "pass --no-verify"), [p.name for p in files],
+                    fix="restore the folder from a good copy", unverifiable="pass --no-verify")
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable transformers folder ({str(e).splitlines()[0][:160]})") from None
+    if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):
+        raise UserError(f"{path}: a {', '.join(config.architectures or ['?'])} model; generation needs a causal LM "
+                        "(e.g. a language-modelling or chat run's final/hf)")
+    tokenizer_files = {p.name: p.read_text(encoding="utf-8") for p in files
+                       if p.suffix in TOKENIZER_SUFFIXES and p.name != "config.json"
+                       and not p.name.startswith(("generation_config", "model.safetensors"))}
+    if "tokenizer.json" not in tokenizer_files:
+        raise UserError(f"{path}: no tokenizer.json beside the model; a run's final/hf has its tokenizer, or save one "
+                        "there with the tokenizer's save_pretrained")
+    with no_progress_bars():
+        lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    return HFModel(lm, pad_token_id=None, images=False, causal=True), {"tokenizer_files": tokenizer_files}, "hf", str(path)
 
 
 def check_settings(*, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> None:
