@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from tiny_models import corpus, save_tiny_llama
 
 import trainforge
 from trainforge.errors import UserError
@@ -23,26 +22,16 @@ from trainforge.training.artifacts import load_trained
 from trainforge.training.checkpoint import load_model_weights
 from trainforge.training.loop import FitHooks
 
-pytest.importorskip("torchao")
-from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor  # noqa: E402
+from test_lora import LORA, files  # noqa: F401  (the module's tiny Llama and corpus: the same as LoRA's tests)
+from test_lora import overrides as lora_overrides
+from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
 
-LORA = "model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}"
 BLOCK_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("qlora")
-    (root / "corpus.txt").write_text("\n".join(corpus(200)))
-    return {"corpus": root / "corpus.txt", "llama": save_tiny_llama(root / "llama")}
-
-
 def overrides(files, *extra: str) -> list[str]:
-    return ["data.source=textfile", f"data.path={files['corpus']}", "data.args.block_size=32", "data.tokenizer=model",
-            "model.name=hf", f"model.args={{pretrained: {files['llama']}}}", LORA, "model.quantize_base=nf4",
-            "optim.lr=1e-2", "train.global_batch_size=8", "train.micro_batch_size=4", "train.eval_every_steps=3",
-            "train.checkpoint_every_steps=3", "train.log_every_steps=1", "train.early_stopping=null",
-            "schedule.warmup_steps=0", "log.progress=false", "log.tensorboard=false", *extra]
+    """LoRA's tiny run (tests/models/test_lora.py) on an NF4 base."""
+    return lora_overrides(files, "model.quantize_base=nf4", *extra)
 
 
 def train(files, run_dir: Path, *extra: str, resume=None, hooks=None):
