@@ -65,7 +65,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -137,17 +137,26 @@ def save_pretrained_bert(directory: Path, seed: int) -> None:
 
 def bench_config(*, jsonl: Path, bert_dir: Path, steps: int, batch_size: int, seq_len: int, threads: int,
                  seed: int, lr: float, weight_decay: float, warmup_steps: int) -> Config:
+    data = {"source": "jsonl", "path": str(jsonl), "args": {"seq_len": seq_len}}
+    return run_config("finetune_vs_hf", data=data, model={"name": "hf", "args": {"pretrained": str(bert_dir)}},
+                      steps=steps, batch_size=batch_size, threads=threads, seed=seed, lr=lr,
+                      weight_decay=weight_decay, warmup_steps=warmup_steps, device="cpu")
+
+
+def run_config(name: str, *, data: dict[str, Any], model: dict[str, Any], steps: int, batch_size: int,
+               threads: int, seed: int, lr: float, weight_decay: float, warmup_steps: int, device: str) -> Config:
+    """trainforge's config for a benchmark run (`data` and `model` its own): the settings the Trainer is given
+    too (`trainer_args`), evaluation and the checkpoint only after the last step, no progress bar."""
     return config_from_dict({
-        "name": "finetune_vs_hf",
+        "name": name,
         "seed": seed,
-        "data": {"source": "jsonl", "path": str(jsonl), "args": {"seq_len": seq_len},
-                 "val_fraction": VAL_FRACTION, "test_fraction": TEST_FRACTION, "num_workers": 0},
-        "model": {"name": "hf", "args": {"pretrained": str(bert_dir)}},
+        "data": {**data, "val_fraction": VAL_FRACTION, "test_fraction": TEST_FRACTION, "num_workers": 0},
+        "model": model,
         "optim": {"name": "adamw", "lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
         "schedule": {"name": "cosine", "warmup_steps": warmup_steps, "min_lr_ratio": 0.0},
         "train": {
             "max_steps": steps, "global_batch_size": batch_size, "micro_batch_size": batch_size,
-            "precision": "fp32", "device": "cpu", "compile": False, "grad_clip_norm": 1.0, "label_smoothing": 0.0,
+            "precision": "fp32", "device": device, "compile": False, "grad_clip_norm": 1.0, "label_smoothing": 0.0,
             "ema_decay": None, "early_stopping": None, "eval_every_steps": steps, "checkpoint_every_steps": steps,
             "keep_checkpoints": 1, "log_every_steps": LOG_EVERY_STEPS, "num_threads": threads,
         },
@@ -227,12 +236,15 @@ class Baton:
 class StepProbe:
     """Hooks on the transformers model itself, attached at its first training forward.
 
-    A global forward pre-hook (for this thread only) finds the BertForSequenceClassification (inside
-    trainforge's HFModel, or the Trainer's model), then removes itself; from there one pre-hook reads both clocks
-    at the start of each training forward (the end of the previous step, then, after the other side's step when
-    there is a baton, the start of this one) and one forward hook keeps the logits. At the first forward the
+    A global forward pre-hook (for this thread only) finds the `model_class` module (here the
+    BertForSequenceClassification, inside trainforge's HFModel or the Trainer's model), then removes itself; from
+    there one pre-hook reads both clocks at the start of each training forward (the end of the previous step,
+    then, after the other side's step when there is a baton, the start of this one) and one forward hook keeps the
+    logits. At the first forward the
     probe records the global RNG state and the initial weights and, given `rng_state`, replaces the RNG state:
     both sides draw the same dropout masks. With a baton each side keeps its own RNG stream across turns."""
+
+    model_class: type = BertForSequenceClassification  # the module whose training forwards delimit the steps
 
     def __init__(self, side: str, *, rng_state: Optional[torch.Tensor] = None, keep_weights: bool = False,
                  baton: Optional[Baton] = None) -> None:
@@ -260,8 +272,7 @@ class StepProbe:
             into[clock].append(read())
 
     def _find(self, module: torch.nn.Module, args: tuple) -> None:
-        if not (isinstance(module, BertForSequenceClassification) and module.training
-                and threading.get_ident() == self._thread):
+        if not (isinstance(module, self.model_class) and module.training and threading.get_ident() == self._thread):
             return
         self._finder.remove()
         self.first_rng = torch.get_rng_state()
@@ -271,9 +282,16 @@ class StepProbe:
         if self.baton is not None:
             self.baton.arrive(self.side)
         torch.set_rng_state(own)
+        # plain functions, not bound methods: trainforge deep-copies a LoRA model to merge the adapters when it
+        # saves final/hf, and a copied bound method would copy this probe (and its baton's lock)
+        self._handles += [module.register_forward_pre_hook(lambda m, a: self._start(m, a)),
+                          module.register_forward_hook(lambda m, a, o: self._end(m, a, o))]
+        self._attached(module)
         # this call's hooks were collected before ours were added: this forward's start is stamped here
-        self._handles += [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._end)]
         self._stamp(self.starts)
+
+    def _attached(self, module: torch.nn.Module) -> None:
+        """At the first training forward, after the wait for the other side and before the first stamp."""
 
     def _start(self, module: torch.nn.Module, args: tuple) -> None:
         if not module.training:
@@ -303,17 +321,21 @@ def step_losses(probe: StepProbe, inputs: Inputs) -> list[float]:
 # ---------------------------------------------------------------- the two sides
 
 
-def run_trainforge(cfg: Config, inputs: Inputs, probe: StepProbe) -> dict[str, Any]:
-    """trainforge.train() in a throwaway run dir, unmodified; the probe watches its model."""
-    with tempfile.TemporaryDirectory(prefix="finetune-tf-") as tmp, probe:
+def run_trainforge(cfg: Config, inputs: Any, probe: StepProbe, *,
+                   losses_of: Callable[[Any, Any], list[float]] = step_losses,
+                   prefix: str = "finetune-tf-") -> dict[str, Any]:
+    """trainforge.train() in a throwaway run dir, unmodified; the probe watches its model. `losses_of(probe,
+    inputs)`: the per-step losses from the logits the probe kept (none kept: no losses, nothing checked)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, probe:
         t0 = time.perf_counter()
         result = trainforge.train(cfg, run_dir=Path(tmp) / "run")
         wall_s = time.perf_counter() - t0
         rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "train"]
     steps = cfg.train.max_steps
     assert result.steps == steps and len(probe.starts["wall"]) == steps, (result.steps, len(probe.starts["wall"]))
-    losses = step_losses(probe, inputs)
-    for row in rows:  # the per-step losses rebuilt here are trainforge's own: its metrics rows are their means
+    losses = losses_of(probe, inputs)
+    # the per-step losses rebuilt here are trainforge's own: its metrics rows are their means
+    for row in rows if losses else []:
         window = losses[(row["step"] - 1) // LOG_EVERY_STEPS * LOG_EVERY_STEPS: row["step"]]
         assert abs(statistics.fmean(window) - row["loss"]) <= 1e-5 * max(1.0, abs(row["loss"])), (row, window)
     return {"probe": probe, "losses": losses, "wall_s": wall_s,
@@ -364,33 +386,44 @@ def trainforge_decay_names(model: torch.nn.Module, cfg: Config) -> list[str]:
     return [n for n, p in model.named_parameters() if id(p) in decayed]
 
 
+def trainer_args(cfg: Config, output_dir: str, hf_optim: str, **extra: Any) -> TrainingArguments:
+    """The Trainer's side of the settings both sides share (see the docstring); nothing evaluated or saved."""
+    tc, oc = cfg.train, cfg.optim
+    return TrainingArguments(
+        output_dir=output_dir, max_steps=tc.max_steps, per_device_train_batch_size=tc.global_batch_size,
+        learning_rate=oc.lr, weight_decay=oc.weight_decay, adam_beta1=oc.betas[0], adam_beta2=oc.betas[1],
+        adam_epsilon=oc.eps, optim=hf_optim, lr_scheduler_type="cosine",
+        warmup_steps=cfg.schedule.warmup_steps, max_grad_norm=tc.grad_clip_norm, use_cpu=tc.device == "cpu",
+        seed=cfg.seed, dataloader_num_workers=0, dataloader_pin_memory=False, dataloader_drop_last=True,
+        eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=LOG_EVERY_STEPS,
+        report_to="none", disable_tqdm=True, **extra,
+    )
+
+
+def train_hf(trainer: Trainer, probe: StepProbe, t0: float) -> tuple[float, list[dict[str, Any]]]:
+    """`trainer.train()` under the probe: wall seconds since `t0` (the side's setup included) and the optimizer's
+    parameter groups (size, weight decay)."""
+    trainer.remove_callback(PrinterCallback)  # it prints each log dict to stdout
+    with probe:
+        trainer.train()
+    wall_s = time.perf_counter() - t0
+    steps = trainer.args.max_steps
+    assert trainer.state.global_step == steps and len(probe.starts["wall"]) == steps, \
+        (trainer.state.global_step, len(probe.starts["wall"]))
+    return wall_s, [{"n": len(g["params"]), "wd": g["weight_decay"]} for g in trainer.optimizer.param_groups]
+
+
 def run_hf(cfg: Config, inputs: Inputs, bert_dir: Path, probe: StepProbe, hf_optim: str = "adamw_torch") -> dict[str, Any]:
     """transformers.Trainer.train() on the same model directory, data order and settings."""
-    tc, oc = cfg.train, cfg.optim
     # torch's thread count: set for both sides by `measure` (trainforge's train.num_threads sets the same)
     with tempfile.TemporaryDirectory(prefix="finetune-hf-") as tmp:
         t0 = time.perf_counter()
         model = BertForSequenceClassification.from_pretrained(str(bert_dir))
-        args = TrainingArguments(
-            output_dir=tmp, max_steps=tc.max_steps, per_device_train_batch_size=tc.global_batch_size,
-            learning_rate=oc.lr, weight_decay=oc.weight_decay, adam_beta1=oc.betas[0], adam_beta2=oc.betas[1],
-            adam_epsilon=oc.eps, optim=hf_optim, lr_scheduler_type="cosine",
-            warmup_steps=cfg.schedule.warmup_steps, max_grad_norm=tc.grad_clip_norm, use_cpu=True,
-            seed=cfg.seed, dataloader_num_workers=0, dataloader_pin_memory=False, dataloader_drop_last=True,
-            eval_strategy="no", save_strategy="no", logging_strategy="steps", logging_steps=LOG_EVERY_STEPS,
-            report_to="none", disable_tqdm=True,
-        )
-        trainer = SameOrderTrainer(model=model, args=args, train_dataset=TokenIds(inputs.ids, inputs.labels),
+        trainer = SameOrderTrainer(model=model, args=trainer_args(cfg, tmp, hf_optim),
+                                   train_dataset=TokenIds(inputs.ids, inputs.labels),
                                    data_collator=default_data_collator, order=inputs.order,
                                    decay_names=trainforge_decay_names(model, cfg))
-        trainer.remove_callback(PrinterCallback)  # it prints each log dict to stdout
-        with probe:
-            trainer.train()
-        wall_s = time.perf_counter() - t0
-        groups = [{"n": len(g["params"]), "wd": g["weight_decay"]} for g in trainer.optimizer.param_groups]
-    steps = tc.max_steps
-    assert trainer.state.global_step == steps and len(probe.starts["wall"]) == steps, \
-        (trainer.state.global_step, len(probe.starts["wall"]))
+        wall_s, groups = train_hf(trainer, probe, t0)
     losses = step_losses(probe, inputs)
     # the labels the Trainer trained on are the ones assumed here: its model's own losses match
     assert max(abs(a - b) for a, b in zip(losses, probe.model_losses)) <= 1e-5, "the Trainer saw another order"
@@ -414,22 +447,32 @@ def run_pair(cfg: Config, inputs: Inputs, bert_dir: Path, *, first: str, interle
         return out
     baton = Baton(first)
     tf_probe = StepProbe("trainforge", keep_weights=keep_weights, baton=baton)
+    return lockstep(baton, lambda: run_trainforge(cfg, inputs, tf_probe),
+                    lambda: run_hf(cfg, inputs, bert_dir, StepProbe("hf", rng_state=tf_probe.first_rng,
+                                                                   keep_weights=keep_weights, baton=baton), hf_optim))
+
+
+def lockstep(baton: Baton, trainforge_side: Callable[[], dict[str, Any]],
+             trainer_side: Callable[[], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Both sides' runs under `baton`: trainforge's in this thread (where it may install its signal handlers), the
+    Trainer's in a second one, started once trainforge has reached its first training forward (one setup at a
+    time; the Trainer's side may then read what trainforge's probe recorded there: its RNG state, its weights).
+    An error on either side ends the other's wait and is raised here."""
     box: dict[str, Any] = {}
 
-    def trainer_side() -> None:
+    def second_thread() -> None:
         try:
-            baton.wait_arrived("trainforge")  # one setup at a time; then the Trainer takes trainforge's RNG state
-            box["hf"] = run_hf(cfg, inputs, bert_dir, StepProbe("hf", rng_state=tf_probe.first_rng,
-                                                                 keep_weights=keep_weights, baton=baton), hf_optim)
+            baton.wait_arrived("trainforge")
+            box["hf"] = trainer_side()
         except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
             box["error"] = e
         finally:
             baton.finish("hf")
 
-    thread = threading.Thread(target=trainer_side, name="transformers.Trainer", daemon=True)
+    thread = threading.Thread(target=second_thread, name="transformers.Trainer", daemon=True)
     thread.start()
     try:
-        tf = run_trainforge(cfg, inputs, tf_probe)
+        tf = trainforge_side()
     finally:
         baton.finish("trainforge")
         thread.join()
@@ -459,6 +502,74 @@ def relative_iqr(values: list[float]) -> float:
         return 0.0
     q1, _, q3 = statistics.quantiles(values, n=4)
     return (q3 - q1) / statistics.median(values)
+
+
+class Repeats:
+    """The repeats' step times pooled per clock and side, one row per repeat, the loss curves compared."""
+
+    def __init__(self, skip: int, of: int) -> None:
+        self.skip, self.of = skip, of
+        self.pooled: dict[str, dict[str, list[float]]] = {c: {side: [] for side in SIDES} for c in CLOCKS}
+        self.paired: dict[str, list[float]] = {c: [] for c in CLOCKS}
+        self.rows: list[dict[str, Any]] = []
+        self.max_loss_diff = 0.0
+        self.curves: dict[str, list[float]] = {}  # the last repeat's
+
+    def add(self, out: dict[str, dict[str, Any]], *, first: str, t0: float, **extra: Any) -> None:
+        """One repeat's pair (`run_pair`'s `out`), begun at perf_counter `t0`; `extra` joins its row."""
+        times = {side: {c: out[side]["probe"].step_times(c, self.skip) for c in CLOCKS} for side in SIDES}
+        for c in CLOCKS:
+            for side in SIDES:
+                self.pooled[c][side] += times[side][c]
+            # in lockstep, step k of one side ran right next to step k of the other: compare them in pairs too
+            self.paired[c] += [a / b for a, b in zip(times["trainforge"][c], times["hf"][c])]
+        tf, hf = out["trainforge"], out["hf"]
+        diff = max(abs(a - b) for a, b in zip(tf["losses"], hf["losses"]))
+        self.max_loss_diff = max(self.max_loss_diff, diff)
+        self.curves = {"trainforge": tf["losses"], "hf": hf["losses"]}
+        row = {
+            "repeat": len(self.rows) + 1, "first": first,
+            **{f"{c}_{side}_median_step_s": statistics.median(times[side][c]) for c in CLOCKS for side in SIDES},
+            **{f"{c}_ratio": statistics.median(times["trainforge"][c]) / statistics.median(times["hf"][c])
+               for c in CLOCKS},
+            "max_loss_diff": diff, **extra, "trainforge_wall_s": tf["wall_s"], "hf_wall_s": hf["wall_s"],
+        }
+        self.rows.append(row)
+        log(f"repeat {row['repeat']}/{self.of} ({first} first, {time.perf_counter() - t0:.1f} s): median step "
+            + "; ".join(f"{c} trainforge {row[f'{c}_trainforge_median_step_s'] * 1e3:.2f} ms, Trainer "
+                        f"{row[f'{c}_hf_median_step_s'] * 1e3:.2f} ms, ratio {row[f'{c}_ratio']:.3f}"
+                        for c in CLOCKS)
+            + f"; max loss diff {diff:.1e}")
+
+    def by_clock(self, lockstep: bool) -> dict[str, dict[str, Any]]:
+        by_clock = {}
+        for c, sides in self.pooled.items():
+            medians = {side: statistics.median(t) for side, t in sides.items()}
+            spread = {side: relative_iqr(t) for side, t in sides.items()}
+            by_clock[c] = {"ratio": medians["trainforge"] / medians["hf"], "step_s": medians,
+                           "relative_iqr": spread, "noisy": max(spread.values()) > NOISY_SPREAD,
+                           # median of trainforge step k / Trainer step k (lockstep: neighbours in time)
+                           "paired_median_ratio": statistics.median(self.paired[c]) if lockstep else None}
+        return by_clock
+
+    def loss_summary(self, steps: int) -> dict[str, Any]:
+        """The last repeat's curves: first step, mean of the last ones."""
+        tail = max(1, min(LOG_EVERY_STEPS, steps // 4))
+        curves = self.curves
+        return {"trainforge_first": curves["trainforge"][0], "hf_first": curves["hf"][0],
+                "trainforge_last_mean": statistics.fmean(curves["trainforge"][-tail:]),
+                "hf_last_mean": statistics.fmean(curves["hf"][-tail:]), "last_steps_averaged": tail}
+
+
+def machine(load_before: tuple[float, float, float], **versions: str) -> dict[str, Any]:
+    """The result's "machine" block; `versions`: more libraries', listed after transformers."""
+    return {
+        "cpus": available_cpus(), "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "torch": torch.__version__,
+        "transformers": transformers.__version__, **versions, "trainforge": trainforge.__version__,
+        "load_average_before": [round(v, 2) for v in load_before],
+        "load_average_after": [round(v, 2) for v in os.getloadavg()],
+    }
 
 
 def measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: int, threads: int, seed: int,
@@ -499,10 +610,7 @@ def _measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: i
 
         tf_rng: Optional[torch.Tensor] = None
         initial: dict[str, dict[str, torch.Tensor]] = {}
-        pooled: dict[str, dict[str, list[float]]] = {c: {side: [] for side in SIDES} for c in CLOCKS}
-        paired: dict[str, list[float]] = {c: [] for c in CLOCKS}
-        per_repeat: list[dict[str, Any]] = []
-        max_loss_diff = 0.0
+        tally = Repeats(skip, repeats)
         for r in range(repeats):
             first = SIDES[r % 2]  # in `run` mode trainforge goes first in repeat 1: the Trainer needs its RNG state
             t0 = time.perf_counter()
@@ -513,34 +621,11 @@ def _measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: i
             tf_rng = first_rng
             if r == 0:
                 initial = {side: out[side]["probe"].initial for side in SIDES}
-            times = {side: {c: out[side]["probe"].step_times(c, skip) for c in CLOCKS} for side in SIDES}
-            for c in CLOCKS:
-                for side in SIDES:
-                    pooled[c][side] += times[side][c]
-                # in lockstep, step k of one side ran right next to step k of the other: compare them in pairs too
-                paired[c] += [a / b for a, b in zip(times["trainforge"][c], times["hf"][c])]
-            tf, hf = out["trainforge"], out["hf"]
-            diff = max(abs(a - b) for a, b in zip(tf["losses"], hf["losses"]))
-            max_loss_diff = max(max_loss_diff, diff)
-            curves = {"trainforge": tf["losses"], "hf": hf["losses"]}
-            row = {
-                "repeat": r + 1, "first": first,
-                **{f"{c}_{side}_median_step_s": statistics.median(times[side][c]) for c in CLOCKS for side in SIDES},
-                **{f"{c}_ratio": statistics.median(times["trainforge"][c]) / statistics.median(times["hf"][c])
-                   for c in CLOCKS},
-                "max_loss_diff": diff,
-                # trainforge's own metrics rows time its steps as this probe's wall clock does (not in lockstep,
-                # where its windows also hold the Trainer's steps)
-                "trainforge_metrics_median_step_s":
-                    statistics.median(tf["metrics_step_s"]) if interleave == "run" and tf["metrics_step_s"] else None,
-                "trainforge_wall_s": tf["wall_s"], "hf_wall_s": hf["wall_s"],
-            }
-            per_repeat.append(row)
-            log(f"repeat {r + 1}/{repeats} ({first} first, {time.perf_counter() - t0:.1f} s): median step "
-                + "; ".join(f"{c} trainforge {row[f'{c}_trainforge_median_step_s'] * 1e3:.2f} ms, Trainer "
-                            f"{row[f'{c}_hf_median_step_s'] * 1e3:.2f} ms, ratio {row[f'{c}_ratio']:.3f}"
-                            for c in CLOCKS)
-                + f"; max loss diff {diff:.1e}")
+            metrics_step_s = out["trainforge"]["metrics_step_s"]
+            # trainforge's own metrics rows time its steps as this probe's wall clock does (not in lockstep, where
+            # its windows also hold the Trainer's steps)
+            tally.add(out, first=first, t0=t0, trainforge_metrics_median_step_s=statistics.median(metrics_step_s)
+                      if interleave == "run" and metrics_step_s else None)
         tf_initial, hf_initial = initial["trainforge"], initial["hf"]
         same_init = tf_initial.keys() == hf_initial.keys() and all(
             torch.equal(tf_initial[k], hf_initial[k]) for k in tf_initial)
@@ -548,16 +633,8 @@ def _measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: i
         if profile:
             profile_sides(cfg, inputs, bert_dir, tf_rng, profile, hf_optim)
 
-    by_clock = {}
-    for c, sides in pooled.items():
-        medians = {side: statistics.median(t) for side, t in sides.items()}
-        spread = {side: relative_iqr(t) for side, t in sides.items()}
-        by_clock[c] = {"ratio": medians["trainforge"] / medians["hf"], "step_s": medians, "relative_iqr": spread,
-                       "noisy": max(spread.values()) > NOISY_SPREAD,
-                       # median of trainforge step k / Trainer step k (lockstep: neighbours in time)
-                       "paired_median_ratio": statistics.median(paired[c]) if interleave == "step" else None}
+    by_clock = tally.by_clock(lockstep=interleave == "step")
     headline = by_clock[clock]
-    tail = max(1, min(LOG_EVERY_STEPS, steps // 4))
     return {
         "benchmark": "finetune_vs_hf",
         "ratio": headline["ratio"],
@@ -566,18 +643,13 @@ def _measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: i
         "goal_ratio": GOAL_RATIO,
         "meets_goal": headline["ratio"] <= GOAL_RATIO,
         "step_s": headline["step_s"],
-        "max_loss_diff": max_loss_diff,
+        "max_loss_diff": tally.max_loss_diff,
         "steps": steps,
-        "timed_steps_per_side": len(pooled[clock]["trainforge"]),
+        "timed_steps_per_side": len(tally.pooled[clock]["trainforge"]),
         "relative_iqr": headline["relative_iqr"],
         "noisy": headline["noisy"],
         "by_clock": by_clock,
-        "loss": {  # the last repeat's curves, summarized
-            "trainforge_first": curves["trainforge"][0], "hf_first": curves["hf"][0],
-            "trainforge_last_mean": statistics.fmean(curves["trainforge"][-tail:]),
-            "hf_last_mean": statistics.fmean(curves["hf"][-tail:]),
-            "last_steps_averaged": tail,
-        },
+        "loss": tally.loss_summary(steps),
         "checks": {
             "same_initial_weights": same_init,
             "lr_schedule_max_abs_diff": lr_check(cfg),
@@ -585,7 +657,7 @@ def _measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: i
             "hf_default_would_also_decay": sorted(set(hf_default_decay) - set(decay_names)),
             "hf_param_groups": hf_groups,
         },
-        "repeats": per_repeat,
+        "repeats": tally.rows,
         "settings": {
             "model": f"BertForSequenceClassification {MODEL}, dropout 0.1, {len(LABELS)} labels",
             "params": num_params,
@@ -598,13 +670,7 @@ def _measure(*, repeats: int, steps: int, skip: int, batch_size: int, seq_len: i
             "log_every_steps": LOG_EVERY_STEPS,
             "train_rows": len(inputs.order), "jsonl_rows": len(records), "seed": seed,
         },
-        "machine": {
-            "cpus": available_cpus(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "trainforge": trainforge.__version__,
-            "load_average_before": [round(v, 2) for v in load_before],
-            "load_average_after": [round(v, 2) for v in os.getloadavg()],
-        },
+        "machine": machine(load_before),
         "date": datetime.date.today().isoformat(),
     }
 
@@ -636,15 +702,8 @@ def render(result: dict[str, Any]) -> str:
         f"fine-tuning: tiny BERT ({s['params']:,} parameters), batch {s['batch_size']} x {s['seq_len']} tokens, "
         f"fp32 CPU, {s['threads']} thread(s), {s['steps_per_run']} steps per run (first {s['skipped_warmup_steps']} "
         f"not timed), torch {result['machine']['torch']}, transformers {result['machine']['transformers']}",
-        "",
-        f"{'':18}  {'CPU ms per step':^26}  {'wall ms per step':^26}",
-        f"{'repeat':>6}  {'first':<10}  {'trainforge':>10} {'Trainer':>8} {'ratio':>6}  "
-        f"{'trainforge':>10} {'Trainer':>8} {'ratio':>6}  {'max loss diff':>13}",
+        *repeats_table(result["repeats"]),
     ]
-    for r in result["repeats"]:
-        cols = "  ".join(f"{r[f'{c}_trainforge_median_step_s'] * 1e3:>10.2f} {r[f'{c}_hf_median_step_s'] * 1e3:>8.2f} "
-                         f"{r[f'{c}_ratio']:>6.3f}" for c in ("cpu", "wall"))
-        lines.append(f"{r['repeat']:>6}  {r['first']:<10}  {cols}  {r['max_loss_diff']:>13.2e}")
     c, loss = result["checks"], result["loss"]
     lines.append("")
     for name, b in result["by_clock"].items():
@@ -666,6 +725,21 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"note: {clock} spread above {NOISY_SPREAD:.0%}: other processes were competing for the CPU; "
                      "rerun when the machine is quiet before trusting the ratio")
     return "\n".join(lines)
+
+
+def repeats_table(repeats: list[dict[str, Any]]) -> list[str]:
+    """A blank line, a header, then a line per repeat: median steps and ratios by clock, largest loss difference."""
+    lines = [
+        "",
+        f"{'':18}  {'CPU ms per step':^26}  {'wall ms per step':^26}",
+        f"{'repeat':>6}  {'first':<10}  {'trainforge':>10} {'Trainer':>8} {'ratio':>6}  "
+        f"{'trainforge':>10} {'Trainer':>8} {'ratio':>6}  {'max loss diff':>13}",
+    ]
+    for r in repeats:
+        cols = "  ".join(f"{r[f'{c}_trainforge_median_step_s'] * 1e3:>10.2f} {r[f'{c}_hf_median_step_s'] * 1e3:>8.2f} "
+                         f"{r[f'{c}_ratio']:>6.3f}" for c in ("cpu", "wall"))
+        lines.append(f"{r['repeat']:>6}  {r['first']:<10}  {cols}  {r['max_loss_diff']:>13.2e}")
+    return lines
 
 
 def log(message: str) -> None:

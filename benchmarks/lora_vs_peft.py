@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/lora_vs_peft.py                 # table + ratios, about 2 minutes on 2 vCPUs
     .venv/bin/python benchmarks/lora_vs_peft.py --json          # one JSON document with a top-level "ratio"
 
-The structure and the instrument are those of `finetune_vs_hf.py` (its Baton, lockstep interleaving, clocks,
-decay-list and LR checks are imported from it); this file says only what differs.
+The structure and the instrument are those of `finetune_vs_hf.py` (its Baton and lockstep runner, step probe,
+clocks, shared config and Trainer settings, per-repeat tally and report table, decay-list and LR checks are
+imported from it); this file says only what differs.
 
 Both sides adapt one "pretrained" LlamaForCausalLM (`--layers` 2, `--hidden` 64, 4 heads, 2 key/value heads, MLP
 4 x hidden; random weights written by `save_pretrained` into a temporary directory with a byte-level BPE tokenizer
@@ -63,12 +64,9 @@ import contextlib
 import datetime
 import functools
 import json
-import platform
 import random
-import statistics
 import sys
 import tempfile
-import threading
 import time
 import weakref
 from pathlib import Path
@@ -83,22 +81,20 @@ from torch.utils.data import Dataset
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling benchmark whose instrument this reuses
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tiny_models: the tests' tokenizer recipe
 
+import finetune_vs_hf
 import transformers
-from finetune_vs_hf import (CLOCKS, NOISY_SPREAD, SIDES, Baton, FixedOrder, StepProbe, log, lr_check,
-                            relative_iqr, trainforge_decay_names)
+from finetune_vs_hf import (CLOCKS, NOISY_SPREAD, SIDES, TEST_FRACTION, VAL_FRACTION, Baton, Repeats,
+                            SameOrderTrainer, StepProbe, lockstep, log, lr_check, machine, repeats_table, run_config,
+                            train_hf, trainer_args, trainforge_decay_names)
 from tiny_models import WORDS, bytelevel_tokenizer
-from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PrinterCallback,
-                          Trainer, TrainingArguments, default_data_collator)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer,
+                          default_data_collator)
 
-import trainforge
-from trainforge.config import Config, config_from_dict
+from trainforge.config import Config
 from trainforge.data import build_data
-from trainforge.data.loader import available_cpus, epoch_order
-from trainforge.training.metrics import read_metrics
+from trainforge.data.loader import epoch_order
 
 GOAL_RATIO = 1.0
-LOG_EVERY_STEPS = 10
-VAL_FRACTION = TEST_FRACTION = 0.02
 TARGETS = ["q_proj", "v_proj"]
 
 
@@ -137,22 +133,9 @@ def bench_config(*, corpus: Path, llama_dir: Path, steps: int, batch_size: int, 
         model["lora"] = lora
     if quantize_base is not None:
         model["quantize_base"] = quantize_base
-    return config_from_dict({
-        "name": "lora_vs_peft",
-        "seed": seed,
-        "data": {"source": "textfile", "path": str(corpus), "args": {"block_size": block_size}, "tokenizer": "model",
-                 "val_fraction": VAL_FRACTION, "test_fraction": TEST_FRACTION, "num_workers": 0},
-        "model": model,
-        "optim": {"name": "adamw", "lr": lr, "weight_decay": weight_decay, "betas": [0.9, 0.999], "eps": 1e-8},
-        "schedule": {"name": "cosine", "warmup_steps": 0, "min_lr_ratio": 0.0},
-        "train": {
-            "max_steps": steps, "global_batch_size": batch_size, "micro_batch_size": batch_size,
-            "precision": "fp32", "device": device, "compile": False, "grad_clip_norm": 1.0, "label_smoothing": 0.0,
-            "ema_decay": None, "early_stopping": None, "eval_every_steps": steps, "checkpoint_every_steps": steps,
-            "keep_checkpoints": 1, "log_every_steps": LOG_EVERY_STEPS, "num_threads": threads,
-        },
-        "log": {"progress": False, "tensorboard": False},
-    })
+    data = {"source": "textfile", "path": str(corpus), "args": {"block_size": block_size}, "tokenizer": "model"}
+    return run_config("lora_vs_peft", data=data, model=model, steps=steps, batch_size=batch_size, threads=threads,
+                      seed=seed, lr=lr, weight_decay=weight_decay, warmup_steps=0, device=device)
 
 
 class Inputs:
@@ -283,6 +266,8 @@ class LMProbe(StepProbe):
     """finetune_vs_hf's StepProbe on the LlamaForCausalLM (under PEFT's LoraModel on both sides). Options:
     `meter` (memory windows instead of keeping logits), `keep_logits`."""
 
+    model_class = LlamaForCausalLM
+
     def __init__(self, side: str, *, meter: Any = None, keep_logits: bool = True, **kw: Any) -> None:
         super().__init__(side, **kw)
         self.meter, self.keep_logits = meter, keep_logits
@@ -290,26 +275,11 @@ class LMProbe(StepProbe):
         self.base_bytes = 0
         self._metering = False
 
-    def _find(self, module: torch.nn.Module, args: tuple) -> None:
-        if not (isinstance(module, LlamaForCausalLM) and module.training and threading.get_ident() == self._thread):
-            return
-        self._finder.remove()
-        self.first_rng = torch.get_rng_state()
-        own = self.rng_state if self.rng_state is not None else self.first_rng
-        if self.keep_weights:
-            self.initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
-        if self.baton is not None:
-            self.baton.arrive(self.side)
-        torch.set_rng_state(own)
-        # plain functions, not bound methods: trainforge deep-copies the model to merge the adapters when it saves
-        # final/hf, and a copied bound method would copy this probe (and its baton's lock)
-        self._handles += [module.register_forward_pre_hook(lambda m, a: self._start(m, a)),
-                          module.register_forward_hook(lambda m, a, o: self._end(m, a, o))]
+    def _attached(self, module: torch.nn.Module) -> None:
         if self.meter is not None:
             self.base_bytes = model_bytes(module)
             self.meter.start()
             self._metering = True
-        self._stamp(self.starts)
 
     def _start(self, module: torch.nn.Module, args: tuple) -> None:
         if self._metering:
@@ -344,30 +314,8 @@ def step_losses(probe: LMProbe, inputs: Inputs) -> list[float]:
 
 
 def run_trainforge(cfg: Config, inputs: Inputs, probe: LMProbe) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="lora-tf-") as tmp, probe:
-        t0 = time.perf_counter()
-        result = trainforge.train(cfg, run_dir=Path(tmp) / "run")
-        wall_s = time.perf_counter() - t0
-        rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "train"]
-    steps = cfg.train.max_steps
-    assert result.steps == steps and len(probe.starts["wall"]) == steps, (result.steps, len(probe.starts["wall"]))
-    losses = step_losses(probe, inputs) if probe.keep_logits else []
-    for row in rows if losses else []:  # the losses rebuilt here are trainforge's own: its rows are their means
-        window = losses[(row["step"] - 1) // LOG_EVERY_STEPS * LOG_EVERY_STEPS: row["step"]]
-        assert abs(statistics.fmean(window) - row["loss"]) <= 1e-5 * max(1.0, abs(row["loss"])), (row, window)
-    return {"probe": probe, "losses": losses, "wall_s": wall_s}
-
-
-class SameOrderTrainer(Trainer):
-    def __init__(self, *args: Any, order: list[int], decay_names: list[str], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.order, self.decay_names = order, decay_names
-
-    def _get_train_sampler(self, train_dataset: Optional[Dataset] = None):
-        return FixedOrder(self.order)
-
-    def get_decay_parameter_names(self, model: torch.nn.Module) -> list[str]:
-        return list(self.decay_names)
+    # a probe without logits (the memory runs) gives no losses: nothing to rebuild or check
+    return finetune_vs_hf.run_trainforge(cfg, inputs, probe, losses_of=step_losses, prefix="lora-tf-")
 
 
 def peft_model(llama_dir: Path, lora: dict[str, Any], initial: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -389,33 +337,17 @@ def peft_model(llama_dir: Path, lora: dict[str, Any], initial: dict[str, torch.T
 
 def run_hf(cfg: Config, inputs: Inputs, llama_dir: Path, lora: dict[str, Any], initial: dict[str, torch.Tensor],
            probe: LMProbe, hf_optim: str) -> dict[str, Any]:
-    tc, oc = cfg.train, cfg.optim
     with tempfile.TemporaryDirectory(prefix="lora-hf-") as tmp:
         t0 = time.perf_counter()
         model = peft_model(llama_dir, lora, initial)
-        args = TrainingArguments(
-            output_dir=tmp, max_steps=tc.max_steps, per_device_train_batch_size=tc.global_batch_size,
-            learning_rate=oc.lr, weight_decay=oc.weight_decay, adam_beta1=oc.betas[0], adam_beta2=oc.betas[1],
-            adam_epsilon=oc.eps, optim=hf_optim, lr_scheduler_type="cosine", warmup_steps=0,
-            max_grad_norm=tc.grad_clip_norm, use_cpu=tc.device == "cpu", seed=cfg.seed, dataloader_num_workers=0,
-            dataloader_pin_memory=False, dataloader_drop_last=True, eval_strategy="no", save_strategy="no",
-            logging_strategy="steps", logging_steps=LOG_EVERY_STEPS, report_to="none", disable_tqdm=True,
-            # else the Trainer drops shift_labels: PeftModel's forward takes it through **kwargs, not by name
-            remove_unused_columns=False,
-        )
+        # else the Trainer drops shift_labels: PeftModel's forward takes it through **kwargs, not by name
+        args = trainer_args(cfg, tmp, hf_optim, remove_unused_columns=False)
         decay = trainforge_decay_names(model, cfg)
         trainer = SameOrderTrainer(model=model, args=args, train_dataset=Windows(inputs.x, inputs.y),
                                    data_collator=default_data_collator, order=inputs.order, decay_names=decay)
-        trainer.remove_callback(PrinterCallback)
         default_decay = Trainer.get_decay_parameter_names(trainer, model)
-        with probe:
-            trainer.train()
-        wall_s = time.perf_counter() - t0
-        groups = [{"n": len(g["params"]), "wd": g["weight_decay"]} for g in trainer.optimizer.param_groups]
-    steps = tc.max_steps
-    assert trainer.state.global_step == steps and len(probe.starts["wall"]) == steps, \
-        (trainer.state.global_step, len(probe.starts["wall"]))
-    losses = step_losses(probe, inputs) if probe.keep_logits else []
+        wall_s, groups = train_hf(trainer, probe, t0)
+    losses = step_losses(probe, inputs)  # none when the probe kept no logits (the memory runs)
     if losses:  # the targets assumed here are those the Trainer's model computed its loss on
         assert max(abs(a - b) for a, b in zip(losses, probe.model_losses)) <= 1e-5, "the Trainer saw other targets"
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -429,30 +361,14 @@ def run_pair(cfg: Config, inputs: Inputs, llama_dir: Path, lora: dict[str, Any],
     which builds its model once trainforge has reached its first forward (its initial adapters and RNG state)."""
     baton = Baton(first)
     tf_probe = LMProbe("trainforge", keep_weights=True, baton=baton)
-    box: dict[str, Any] = {}
 
-    def trainer_side() -> None:
-        try:
-            baton.wait_arrived("trainforge")
-            if tf_probe.initial is None:
-                raise RuntimeError("trainforge ended before its first training forward")
-            box["hf"] = run_hf(cfg, inputs, llama_dir, lora, tf_probe.initial,
-                               LMProbe("hf", rng_state=tf_probe.first_rng, keep_weights=True, baton=baton), hf_optim)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            box["error"] = e
-        finally:
-            baton.finish("hf")
+    def trainer_side() -> dict[str, Any]:
+        if tf_probe.initial is None:
+            raise RuntimeError("trainforge ended before its first training forward")
+        return run_hf(cfg, inputs, llama_dir, lora, tf_probe.initial,
+                      LMProbe("hf", rng_state=tf_probe.first_rng, keep_weights=True, baton=baton), hf_optim)
 
-    thread = threading.Thread(target=trainer_side, name="transformers.Trainer", daemon=True)
-    thread.start()
-    try:
-        tf = run_trainforge(cfg, inputs, tf_probe)
-    finally:
-        baton.finish("trainforge")
-        thread.join()
-    if "error" in box:
-        raise box["error"]
-    return {"trainforge": tf, "hf": box["hf"]}
+    return lockstep(baton, lambda: run_trainforge(cfg, inputs, tf_probe), trainer_side)
 
 
 def measure_memory(cfg: Config, full_cfg: Config, short: Callable[..., Config],
@@ -533,36 +449,16 @@ def measure(*, repeats: int, steps: int, skip: int, batch_size: int, block_size:
             qlora_cfg = bench_config(**common, lora=lora, quantize_base="nf4") if has_quantize_base() else None
             inputs = Inputs(cfg, text, llama_dir, steps, batch_size)
 
-            pooled: dict[str, dict[str, list[float]]] = {c: {side: [] for side in SIDES} for c in CLOCKS}
-            paired: dict[str, list[float]] = {c: [] for c in CLOCKS}
-            per_repeat: list[dict[str, Any]] = []
-            max_loss_diff, same_init, tf_rng = 0.0, True, None
+            tally = Repeats(skip, repeats)
+            same_init, tf_rng = True, None
             for r in range(repeats):
                 first = SIDES[r % 2]
                 t0 = time.perf_counter()
                 out = run_pair(cfg, inputs, llama_dir, lora, first=first, hf_optim=hf_optim)
-                tf, hf = out["trainforge"], out["hf"]
-                a, b = tf["probe"].initial, hf["probe"].initial
+                a, b = out["trainforge"]["probe"].initial, out["hf"]["probe"].initial
                 same_init &= a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-                tf_rng = tf["probe"].first_rng
-                times = {side: {c: out[side]["probe"].step_times(c, skip) for c in CLOCKS} for side in SIDES}
-                for c in CLOCKS:
-                    for side in SIDES:
-                        pooled[c][side] += times[side][c]
-                    paired[c] += [x / y for x, y in zip(times["trainforge"][c], times["hf"][c])]
-                diff = max(abs(x - y) for x, y in zip(tf["losses"], hf["losses"]))
-                max_loss_diff = max(max_loss_diff, diff)
-                curves = {"trainforge": tf["losses"], "hf": hf["losses"]}
-                row = {"repeat": r + 1, "first": first,
-                       **{f"{c}_{side}_median_step_s": statistics.median(times[side][c]) for c in CLOCKS for side in SIDES},
-                       **{f"{c}_ratio": statistics.median(times["trainforge"][c]) / statistics.median(times["hf"][c])
-                          for c in CLOCKS},
-                       "max_loss_diff": diff, "trainforge_wall_s": tf["wall_s"], "hf_wall_s": hf["wall_s"]}
-                per_repeat.append(row)
-                log(f"repeat {r + 1}/{repeats} ({first} first, {time.perf_counter() - t0:.1f} s): median step "
-                    + "; ".join(f"{c} trainforge {row[f'{c}_trainforge_median_step_s'] * 1e3:.2f} ms, Trainer "
-                                f"{row[f'{c}_hf_median_step_s'] * 1e3:.2f} ms, ratio {row[f'{c}_ratio']:.3f}"
-                                for c in CLOCKS) + f"; max loss diff {diff:.1e}")
+                tf_rng = out["trainforge"]["probe"].first_rng
+                tally.add(out, first=first, t0=t0)
             hf_groups, default_same = out["hf"]["groups"], out["hf"]["default_rule_same_decay"]
             initial = out["trainforge"]["probe"].initial
             short = lambda adapters, q=None: bench_config(**{**common, "steps": mem_steps}, lora=adapters,  # noqa: E731
@@ -576,14 +472,8 @@ def measure(*, repeats: int, steps: int, skip: int, batch_size: int, block_size:
     finally:
         torch.set_num_threads(previous_threads)
 
-    by_clock = {}
-    for c, sides in pooled.items():
-        medians = {side: statistics.median(t) for side, t in sides.items()}
-        spread = {side: relative_iqr(t) for side, t in sides.items()}
-        by_clock[c] = {"ratio": medians["trainforge"] / medians["hf"], "step_s": medians, "relative_iqr": spread,
-                       "noisy": max(spread.values()) > NOISY_SPREAD, "paired_median_ratio": statistics.median(paired[c])}
+    by_clock = tally.by_clock(lockstep=True)
     headline = by_clock[clock]
-    tail = max(1, min(LOG_EVERY_STEPS, steps // 4))
     return {
         "benchmark": "lora_vs_peft",
         "ratio": headline["ratio"],
@@ -591,17 +481,15 @@ def measure(*, repeats: int, steps: int, skip: int, batch_size: int, block_size:
         "goal_ratio": GOAL_RATIO,
         "meets_goal": headline["ratio"] <= GOAL_RATIO,
         "step_s": headline["step_s"],
-        "max_loss_diff": max_loss_diff,
+        "max_loss_diff": tally.max_loss_diff,
         "memory_ratio": memory["ratio"] if memory else None,
         "memory": memory,
         "steps": steps,
-        "timed_steps_per_side": len(pooled[clock]["trainforge"]),
+        "timed_steps_per_side": len(tally.pooled[clock]["trainforge"]),
         "relative_iqr": headline["relative_iqr"],
         "noisy": headline["noisy"],
         "by_clock": by_clock,
-        "loss": {"trainforge_first": curves["trainforge"][0], "hf_first": curves["hf"][0],
-                 "trainforge_last_mean": statistics.fmean(curves["trainforge"][-tail:]),
-                 "hf_last_mean": statistics.fmean(curves["hf"][-tail:]), "last_steps_averaged": tail},
+        "loss": tally.loss_summary(steps),
         "checks": {
             "same_initial_weights": same_init,
             "same_batches_checked": min(3, steps),
@@ -610,7 +498,7 @@ def measure(*, repeats: int, steps: int, skip: int, batch_size: int, block_size:
             "hf_default_decay_rule_agrees": default_same,
             "quantize_base_in_config": qlora_cfg is not None,
         },
-        "repeats": per_repeat,
+        "repeats": tally.rows,
         "settings": {
             "model": f"LlamaForCausalLM {shape}", "params": num_params, "adapter_params": adapter_params,
             "lora": lora, "batch_size": batch_size, "block_size": block_size, "steps_per_run": steps,
@@ -620,13 +508,7 @@ def measure(*, repeats: int, steps: int, skip: int, batch_size: int, block_size:
             "schedule": "cosine to 0, no warmup", "corpus_tokens": inputs.num_tokens,
             "train_windows": inputs.train_windows, "seed": seed,
         },
-        "machine": {
-            "cpus": available_cpus(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "peft": _version("peft"), "trainforge": trainforge.__version__,
-            "load_average_before": [round(v, 2) for v in load_before],
-            "load_average_after": [round(v, 2) for v in os.getloadavg()],
-        },
+        "machine": machine(load_before, peft=_version("peft")),
         "date": datetime.date.today().isoformat(),
     }
 
@@ -645,16 +527,9 @@ def render(result: dict[str, Any]) -> str:
         f"tokens, fp32 {s['device']}, {s['threads']} thread(s), {s['steps_per_run']} steps per run (first "
         f"{s['skipped_warmup_steps']} not timed); torch {result['machine']['torch']}, transformers "
         f"{result['machine']['transformers']}, peft {result['machine']['peft']}",
+        *repeats_table(result["repeats"]),
         "",
-        f"{'':18}  {'CPU ms per step':^26}  {'wall ms per step':^26}",
-        f"{'repeat':>6}  {'first':<10}  {'trainforge':>10} {'Trainer':>8} {'ratio':>6}  "
-        f"{'trainforge':>10} {'Trainer':>8} {'ratio':>6}  {'max loss diff':>13}",
     ]
-    for r in result["repeats"]:
-        cols = "  ".join(f"{r[f'{c}_trainforge_median_step_s'] * 1e3:>10.2f} {r[f'{c}_hf_median_step_s'] * 1e3:>8.2f} "
-                         f"{r[f'{c}_ratio']:>6.3f}" for c in ("cpu", "wall"))
-        lines.append(f"{r['repeat']:>6}  {r['first']:<10}  {cols}  {r['max_loss_diff']:>13.2e}")
-    lines.append("")
     for name, b in result["by_clock"].items():
         lines.append(f"{name:>4}: median step over {result['timed_steps_per_side']} steps per side: trainforge "
                      f"{b['step_s']['trainforge'] * 1e3:.2f} ms, PEFT+Trainer {b['step_s']['hf'] * 1e3:.2f} ms, ratio "
