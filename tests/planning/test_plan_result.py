@@ -26,13 +26,13 @@ DESIGN_CANDIDATE = {"gpu", "num_gpus", "strategy", "micro_batch_size", "accumula
 TOP = ["recipe", "steps", "global_batch_size", "simulation", "candidates", "recommendation"]
 SIMULATION = ["micro_batch_size", "precision", "peak_bytes", "breakdown", "param_count", "model_flops_per_step",
               "hardware_flops_per_step", "samples_per_step", "tokens_per_step", "accumulation", "simulations_run"]
-FITTING = ["gpu", "num_gpus", "precision", "fits", "strategy", "activation_checkpointing", "micro_batch_size",
+FITTING = ["gpu", "num_gpus", "precision", "method", "fits", "strategy", "activation_checkpointing", "micro_batch_size",
            "accumulation", "peak_bytes_per_gpu", "simulated_peak_bytes_per_gpu", "corrections_bytes", "memory_bytes",
            "step_time_s", "step_time_range_s", "calibrated_time_factor", "bound", "exposed_comm_s", "efficiency",
            "efficiency_range", "efficiency_source", "total_time_s", "cost_usd", "energy_kwh", "price_usd_per_hour",
            "price_source", "within_budget", "within_deadline"]
-NOT_FITTING = ["gpu", "num_gpus", "precision", "fits", "reason"]
-PICK = ["gpu", "num_gpus", "strategy", "micro_batch_size", "accumulation", "total_time_s", "cost_usd"]
+NOT_FITTING = ["gpu", "num_gpus", "precision", "method", "fits", "reason"]
+PICK = ["gpu", "num_gpus", "method", "strategy", "micro_batch_size", "accumulation", "total_time_s", "cost_usd"]
 
 
 def tiny_catalog() -> Catalog:

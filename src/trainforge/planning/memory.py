@@ -16,7 +16,8 @@ makes the bound tighter when the optimizer step holds the peak at micro-batch 1.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from trainforge.planning.simulate import Simulation
@@ -76,6 +77,47 @@ def fit_linear(one: Simulation, two: Simulation) -> PhasePeaks:
 
 def _phases(sim: Simulation) -> dict[str, int]:
     return sim.phase_peak_bytes or {"step": sim.peak_bytes}
+
+
+@dataclass(frozen=True)
+class BaseQuantization:
+    """QLoRA's base: the frozen Linear weights of the repeated blocks stored at `bytes_per_param` (NF4: 4 bits
+    + block constants) instead of their dtype's. The rest of the model (embeddings, output head, norms, biases,
+    adapters) keeps its dtype, as bitsandbytes/torchao QLoRA does."""
+
+    kind: str  # nf4 | int8
+    bytes_per_param: float
+    elements: int  # frozen Linear weight elements in the repeated blocks
+    weight_bytes: int  # the same weights in their dtype, as simulated
+    largest_elements: int  # the largest of those weights: one layer dequantized at a time
+
+    @property
+    def stored_bytes(self) -> int:
+        return math.ceil(self.elements * self.bytes_per_param)
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.weight_bytes - self.stored_bytes
+
+    def dequantized_bytes(self, precision: str) -> int:
+        """One layer's weight dequantized for its matmul, in the compute dtype (fp32, or 16-bit)."""
+        return self.largest_elements * (4 if memory_class(precision) == "fp32" else 2)
+
+
+def quantized_base(sim: Simulation, q: BaseQuantization) -> Simulation:
+    """`sim` (a LoRA step, the base frozen in its dtype) with the base stored as `q` says: the frozen weights
+    shrink by `q.saved_bytes`, and one layer's dequantized weight is held as a temporary. Forward and backward
+    dequantize layer by layer, so one is alive at a time; it is added to every phase (the optimizer step too:
+    an upper bound by one layer, which keeps the breakdown the peak phase's). Activations are unchanged."""
+    temp = q.dequantized_bytes(sim.precision)
+    delta = temp - q.saved_bytes
+    breakdown = dict(sim.breakdown)
+    breakdown["parameters"] -= q.saved_bytes  # frozen weights are filed there (held as buffers)
+    breakdown["temporaries"] = breakdown.get("temporaries", 0) + temp
+    assert breakdown["parameters"] >= 0, (sim.breakdown, q)
+    return replace(sim, peak_bytes=sim.peak_bytes + delta, breakdown=breakdown,
+                   phase_peak_bytes={k: v + delta for k, v in sim.phase_peak_bytes.items()},
+                   notes=[*sim.notes, f"qlora: base Linear weights at {q.bytes_per_param:.3f} bytes/param ({q.kind})"])
 
 
 def memory_class(precision: str) -> str:

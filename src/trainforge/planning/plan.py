@@ -14,31 +14,40 @@ model fits, else FSDP, else FSDP (or plain) with activation checkpointing — an
 that fits with a 10% margin is taken, accumulation keeping the global batch. Memory comes from the
 fake-tensor simulation (`planning.simulate`) plus the correction terms of `planning.corrections`;
 time from the roofline of `planning.roofline`. Simulations are shared by every GPU (docs/planner.md).
+
+A fine-tuning recipe (`model.lora`) is planned for three methods side by side (`method_planners`): `full` (the
+same model without adapters), `lora` (the base frozen in its dtype) and `qlora` (the base's block Linear weights
+stored in NF4); candidates say which (`Candidate.method`) and the recommendation picks among all of them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
 import torch
+from torch import nn
 
 from trainforge.config import Config
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import steps_per_epoch
+from trainforge.distributed.parallelize import find_blocks
 from trainforge.errors import UserError
 from trainforge.hardware.catalog import Catalog, GPUSpec, Price, load_catalog
 from trainforge.models import build_model, is_convolutional
+from trainforge.models.quantize_base import base_bytes_per_param
 from trainforge.planning.calibration_store import load_calibration
 from trainforge.planning.corrections import Term, applicable, corrected_peak_bytes
 from trainforge.planning.kernels import kernels_per_micro_batch
 from trainforge.planning.local import local_spec, spec_for
-from trainforge.planning.memory import (SAFETY_MARGIN, LinearPeak, SimCache, SimKey, fit_linear, largest_fitting,
-                                        memory_class, sim_key)
+from trainforge.planning.memory import (SAFETY_MARGIN, BaseQuantization, LinearPeak, SimCache, SimKey, fit_linear,
+                                        largest_fitting, memory_class, quantized_base, sim_key)
 from trainforge.planning.result import Candidate, Plan, Recommendation, StepSimulation
-from trainforge.planning.roofline import Efficiency, StepTime, default_efficiency, run_totals, step_time
+from trainforge.planning.roofline import (Efficiency, StepTime, default_efficiency, dequantize_time_s, run_totals,
+                                          step_time)
 from trainforge.planning.simulate import Simulation, simulate_step
 from trainforge.training.microbatch import batch_geometry
+from trainforge.training.optim import freeze
 from trainforge.training.precision import resolve_precision
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
@@ -52,7 +61,19 @@ class ModelFacts:
     family: str  # transformer | conv | other
     convolutional: bool
     param_count: int
-    state_bytes_per_param: int  # fp32 weights + fp32 gradients + optimizer state: the floor of any step
+    state_bytes_per_param: int  # fp32 weights + fp32 gradients + optimizer state of a trained parameter
+    trainable_count: Optional[int] = None  # parameters that train (None: all of them)
+    frozen_bytes: int = 0  # the frozen weights (`train.freeze`, a LoRA base), in their dtype: no gradient, no state
+    adapters: bool = False  # LoRA: adapters train on a base the model itself freezes
+    # frozen Linear weights of the repeated blocks: what QLoRA quantizes (elements, bytes, largest one's elements)
+    block_linear: tuple[int, int, int] = (0, 0, 0)
+
+    def floor_bytes(self, shards: int) -> float:
+        """Weights, gradients and optimizer state before any activation: the floor of a step. The trained state
+        is sharded over `shards` (FSDP); frozen weights are not: the simulation holds them as buffers, which
+        FSDP2 leaves whole."""
+        trainable = self.param_count if self.trainable_count is None else self.trainable_count
+        return trainable * self.state_bytes_per_param / shards + self.frozen_bytes
 
 
 OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # two fp32 moments; one fp32 momentum buffer (0 without momentum)
@@ -60,18 +81,34 @@ OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # two fp32 moments; one fp32 mom
 
 class Planner:
     """Everything about one recipe that does not depend on the GPU: data facts, step count, the shared
-    simulation cache and kernel counts. `candidate(spec, n)` prices one GPU type x count."""
+    simulation cache and kernel counts. `candidate(spec, n)` prices one GPU type x count.
 
-    def __init__(self, cfg: Config, info: Optional[DataInfo] = None, steps: Optional[int] = None) -> None:
+    A QLoRA recipe (`model.quantize_base`, or `quantize=` for the alternative of a LoRA recipe) is simulated as
+    LoRA, its base in its dtype (fake tensors are not quantized), by `unquantized` (that LoRA recipe's planner,
+    made here when not given): its cache holds those simulations corrected by `memory.quantized_base`."""
+
+    def __init__(self, cfg: Config, info: Optional[DataInfo] = None, steps: Optional[int] = None, *,
+                 quantize: Optional[str] = None, unquantized: Optional["Planner"] = None) -> None:
         if info is None or steps is None:
             data = build_data(cfg.data, seed=cfg.seed)
             info = data.info
             steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
         self.cfg, self.info, self.steps = cfg, info, steps
-        self.facts = model_facts(cfg, info)
-        self.cache = SimCache(self._simulate)
+        kind = quantize or quantize_kind(cfg)
+        self.method = "full" if cfg.model.lora is None else ("lora" if kind == "none" else "qlora")
         self._kernels: dict[str, int] = {}
         self._flops: dict[tuple[bool, str], tuple[float, float]] = {}
+        self.quantization: Optional[BaseQuantization] = None
+        self.unquantized: Optional[Planner] = None
+        if self.method != "qlora":
+            self.facts = model_facts(cfg, info)
+            self.cache = SimCache(self._simulate)
+            return
+        base = unquantized or Planner(with_model(cfg, quantize_base="none"), info, steps)
+        q = base_quantization(base.facts, kind)
+        self.unquantized, self.quantization = base, q
+        self.facts = replace(base.facts, frozen_bytes=base.facts.frozen_bytes - q.saved_bytes)
+        self.cache = SimCache(lambda key, b: quantized_base(base.cache.get(key, b), q))
 
     def _simulate(self, key: SimKey, micro_batch_size: int) -> Simulation:
         """One simulation; FLOPs per sample are counted by the first of each checkpointing setting and
@@ -87,6 +124,8 @@ class Planner:
         return sim
 
     def kernel_count(self, precision: str) -> int:
+        if self.unquantized is not None:  # the dequantization kernels are in `dequantize_time_s`
+            return self.unquantized.kernel_count(precision)
         counted = memory_class(precision)  # fp16 autocasts the same ops as bf16: the same kernels
         if counted not in self._kernels:
             self._kernels[counted] = kernels_per_micro_batch(self.cfg.model, self.info, 1, counted)
@@ -110,22 +149,26 @@ class Planner:
         calibration = calibration or {}
         global_batch = self.cfg.train.global_batch_size
         if global_batch % num_gpus:
-            return Candidate(spec.name, num_gpus, precision, fits=False,
+            return Candidate(spec.name, num_gpus, precision, fits=False, method=self.method,
                              reason=f"global batch {global_batch} does not divide over {num_gpus} GPUs")
         per_gpu = global_batch // num_gpus
         rule = MemoryRule(spec.memory_bytes * SAFETY_MARGIN, tuple(applicable(device_type, num_gpus, self.facts.convolutional)),
                           calibration.get("memory_factor"))
         fit = fit_memory(num_gpus, per_gpu, self.cache, self.facts, rule, precision, fixed_micro)
         if isinstance(fit, str):
-            return Candidate(spec.name, num_gpus, precision, fits=False, reason=fit)
+            return Candidate(spec.name, num_gpus, precision, fits=False, method=self.method, reason=fit)
+        q = self.quantization
+        dequantize_s = 0.0 if q is None else dequantize_time_s(
+            q.elements, q.bytes_per_param, 4 if memory_class(precision) == "fp32" else 2,
+            passes=3 if fit.activation_checkpointing else 2, bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s)
         timing = time_step(spec, fit, num_gpus=num_gpus, per_gpu=per_gpu, precision=precision,
                            efficiency=efficiency_for(efficiency, fit.sim, self.facts, spec, self.cfg.train.compile),
                            kernels_per_micro_batch=self.kernel_count(precision),
-                           time_factor=calibration.get("time_factor"))
+                           time_factor=calibration.get("time_factor"), extra_s_per_micro_batch=dequantize_s)
         cost = price_run(timing.step_time_s, steps=self.steps, num_gpus=num_gpus, tdp_watts=spec.tdp_watts,
                          price=price, budget_usd=budget_usd, deadline_h=deadline_h)
         return Candidate(
-            spec.name, num_gpus, precision, fits=True,
+            spec.name, num_gpus, precision, fits=True, method=self.method,
             strategy=fit.strategy, activation_checkpointing=fit.activation_checkpointing,
             micro_batch_size=fit.micro_batch_size, accumulation=fit.accumulation,
             peak_bytes_per_gpu=fit.peak_bytes, simulated_peak_bytes_per_gpu=fit.simulated_peak_bytes,
@@ -162,35 +205,90 @@ def plan(
     if efficiency is not None and not 0 < efficiency <= 1:
         raise UserError(f"--efficiency: expected a fraction in (0, 1], got {efficiency}")
     calibration = load_calibration() if calibration is None else calibration
-    planner = Planner(cfg)
+    planners = method_planners(cfg)
+    planner = next(p for p in planners if p.cfg is cfg)  # the recipe's own method
 
     candidates = []
     for spec in specs:
         device_type = "cpu" if spec.name == "cpu" else "cuda"
         precision = spec_precision(cfg.train.precision, spec)
         for n in counts if device_type == "cuda" else [1]:
-            candidates.append(planner.candidate(
-                spec, n, precision=precision, price=None if device_type == "cpu" else catalog.price(spec.name),
-                calibration=calibration.get(spec.name, {}), efficiency=efficiency, budget_usd=budget_usd,
-                deadline_h=deadline_h, device_type=device_type,
-            ))
+            for method in planners:
+                candidates.append(method_candidate(
+                    method, method is planner, spec, n, precision=precision,
+                    price=None if device_type == "cpu" else catalog.price(spec.name),
+                    calibration=calibration.get(spec.name, {}), efficiency=efficiency, budget_usd=budget_usd,
+                    deadline_h=deadline_h, device_type=device_type,
+                ))
+    # after the candidates: they count every simulation run (a qlora planner's are its lora planner's, corrected)
+    simulations_run = sum(len(p.cache.runs) for p in planners if p.quantization is None)
     return Plan(
         recipe=cfg.name,
         steps=planner.steps,
         global_batch_size=cfg.train.global_batch_size,
-        simulation=own_step(planner),  # after the candidates: it counts every simulation run
+        simulation=own_step(planner, simulations_run),
         candidates=tuple(sorted(candidates, key=rank_key)),
         recommendation=recommend(candidates, budget_usd, deadline_h),
+        methods={p.method: own_step(p, simulations_run) for p in planners} if len(planners) > 1 else None,
     )
 
 
-def own_step(planner: Planner) -> StepSimulation:
-    """The recipe's own step as configured (its micro-batch, one device), from the shared simulations."""
+def method_planners(cfg: Config) -> list[Planner]:
+    """The recipe's planner; for a fine-tuning recipe (`model.lora`) the three methods', in the order full, lora,
+    qlora: full is the same model without adapters (every weight trains), lora the adapters on the base in its
+    dtype, qlora the adapters on the base with its block Linear weights in NF4 (the recipe's own kind when it
+    quantizes). lora and qlora share their simulations: qlora's are lora's, corrected."""
+    own = Planner(cfg)
+    if own.method == "full":
+        return [own]
+    info, steps = own.info, own.steps
+    full = Planner(with_model(cfg, lora=None, quantize_base="none"), info, steps)
+    if own.method == "qlora":
+        return [full, own.unquantized, own]
+    return [full, own, Planner(cfg, info, steps, quantize="nf4", unquantized=own)]
+
+
+def method_candidate(planner: Planner, own: bool, spec: GPUSpec, num_gpus: int, **kwargs) -> Candidate:
+    """`planner.candidate`; a method other than the recipe's own that the recipe cannot run (its `optim.param_groups`
+    name adapters a full fine-tuning lacks) is a candidate that does not fit, with the reason."""
+    try:
+        return planner.candidate(spec, num_gpus, **kwargs)
+    except UserError as e:
+        if own:
+            raise
+        return Candidate(spec.name, num_gpus, kwargs["precision"], fits=False, method=planner.method,
+                         reason=f"{planner.method}: {e}")
+
+
+def quantize_kind(cfg: Config) -> str:
+    """`model.quantize_base` (nf4 | int8 | none) of a LoRA recipe; none without adapters."""
+    if cfg.model.lora is None:
+        return "none"
+    return getattr(cfg.model, "quantize_base", None) or "none"
+
+
+def with_model(cfg: Config, **changes) -> Config:
+    """`cfg` with `model` fields changed; a field this ModelConfig does not have yet (`quantize_base`) is left out."""
+    fields = type(cfg.model).model_fields
+    model = cfg.model.model_copy(update={k: v for k, v in changes.items() if k in fields})
+    return cfg.model_copy(update={"model": model})
+
+
+def base_quantization(facts: ModelFacts, kind: str) -> BaseQuantization:
+    """What QLoRA's `kind` does to the base of `facts` (the bytes per parameter are `models.quantize_base`'s)."""
+    elements, weight_bytes, largest = facts.block_linear
+    dtype_bytes = weight_bytes / elements if elements else 4.0
+    return BaseQuantization(kind, base_bytes_per_param(kind, dtype_bytes=dtype_bytes), elements, weight_bytes, largest)
+
+
+def own_step(planner: Planner, simulations_run: Optional[int] = None) -> StepSimulation:
+    """The recipe's own step as configured (its micro-batch and activation checkpointing, one device), from the
+    shared simulations."""
     cfg, global_batch = planner.cfg, planner.cfg.train.global_batch_size
     micro = (batch_geometry(global_batch, cfg.train.micro_batch_size).micro_batch_size  # an upper bound, as in training
              if isinstance(cfg.train.micro_batch_size, int) else 1)
     precision = memory_class(cfg.train.precision)
-    own = planner.cache.get(SimKey("none", 1, False, precision), micro)
+    own = planner.cache.get(SimKey("none", 1, cfg.distributed.activation_checkpointing, precision), micro)
     return StepSimulation(
         micro_batch_size=micro,
         precision=precision,
@@ -202,7 +300,7 @@ def own_step(planner: Planner) -> StepSimulation:
         samples_per_step=global_batch,
         tokens_per_step=global_batch * own.tokens_per_sample,
         accumulation=global_batch // micro,
-        simulations_run=len(planner.cache.runs),
+        simulations_run=len(planner.cache.runs) if simulations_run is None else simulations_run,
     )
 
 
@@ -232,20 +330,49 @@ def spec_precision(requested: str, spec: GPUSpec) -> str:
 def model_facts(cfg: Config, info: DataInfo) -> ModelFacts:
     with torch.device("meta"):
         model, _ = build_model(cfg.model, info)
+    if cfg.train.freeze:
+        freeze(model, cfg.train.freeze)
     attention = any("attention" in type(m).__name__.lower() for m in model.modules())
     conv = is_convolutional(model)
     family = "transformer" if attention else ("conv" if conv else "other")
-    params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    params = list(model.parameters())  # a tied tensor once
+    frozen = [p for p in params if not p.requires_grad]
+    linear = frozen_block_linear_weights(model)
     optim_state = OPTIMIZER_STATE_BYTES.get(cfg.optim.name, 8)
     if cfg.optim.name == "sgd" and cfg.optim.momentum == 0:
         optim_state = 0
-    return ModelFacts(family, conv, params, 4 + 4 + optim_state)
+    return ModelFacts(
+        family, conv, sum(p.numel() for p in params), 4 + 4 + optim_state,
+        trainable_count=sum(p.numel() for p in params if p.requires_grad),
+        frozen_bytes=sum(p.numel() * p.element_size() for p in frozen),
+        adapters=cfg.model.lora is not None,
+        block_linear=(sum(w.numel() for w in linear), sum(w.numel() * w.element_size() for w in linear),
+                      max((w.numel() for w in linear), default=0)),
+    )
 
 
-def strategies_for(num_gpus: int) -> list[tuple[str, bool]]:
-    """In order of preference: (strategy, activation checkpointing)."""
+def frozen_block_linear_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The frozen `nn.Linear` weights inside the model's repeated blocks (`find_blocks`), each once: what QLoRA
+    stores quantized. PEFT's LoRA layers keep the base Linear as `base_layer` (frozen) and the adapters as Linear
+    layers that train, so the adapters are left out; so are embeddings, the output head and biases."""
+    weights: dict[int, torch.Tensor] = {}
+    for _, _, block in find_blocks(model):
+        for module in block.modules():
+            if isinstance(module, nn.Linear) and not module.weight.requires_grad:
+                weights[id(module.weight)] = module.weight
+    return list(weights.values())
+
+
+def strategies_for(num_gpus: int, adapters: bool = False) -> list[tuple[str, bool]]:
+    """In order of preference: (strategy, activation checkpointing).
+
+    LoRA and QLoRA (`adapters`) take DDP, with and without checkpointing: the simulation holds the frozen base as
+    buffers, which FSDP2 does not shard, so FSDP would shard only the adapters and their state (under 1% of the
+    weights) — no memory the simulation can show, all-gathers for nothing, and one simulation per GPU count."""
     if num_gpus == 1:
         return [("none", False), ("none", True)]
+    if adapters:
+        return [("ddp", False), ("ddp", True)]
     return [("ddp", False), ("fsdp", False), ("fsdp", True)]
 
 
@@ -288,8 +415,8 @@ def fit_memory(
     Micro-batch 1 and 2 are simulated; their lines (`planning.memory.fit_linear`, a lower bound of the peak at
     larger micro-batches) rule sizes out, and the size taken is simulated, so its peak is the simulation's own."""
     smallest_need = None
-    for strategy, ckpt in strategies_for(num_gpus):
-        floor = rule.corrected(facts.param_count * facts.state_bytes_per_param / (num_gpus if strategy == "fsdp" else 1))
+    for strategy, ckpt in strategies_for(num_gpus, facts.adapters):
+        floor = rule.corrected(facts.floor_bytes(num_gpus if strategy == "fsdp" else 1))
         if floor > rule.usable_bytes:  # weights, gradients and optimizer state alone: no need to simulate
             smallest_need = floor if smallest_need is None else min(smallest_need, floor)
             continue
@@ -332,10 +459,11 @@ class Timing:
 
 def time_step(
     spec: GPUSpec, fit: Fit, *, num_gpus: int, per_gpu: int, precision: str, efficiency: Efficiency,
-    kernels_per_micro_batch: int, time_factor: Optional[float],
+    kernels_per_micro_batch: int, time_factor: Optional[float], extra_s_per_micro_batch: float = 0.0,
 ) -> Timing:
-    """The roofline step time of `fit` on `spec` at the mid, high and low efficiency; a calibration on this
-    GPU type (measured / predicted step time) scales the roofline's answer."""
+    """The roofline step time of `fit` on `spec` at the mid, high and low efficiency, plus `extra_s_per_micro_batch`
+    x accumulation (QLoRA's dequantization, which the matmuls wait for); a calibration on this GPU type (measured /
+    predicted step time) scales the answer."""
     sim, accumulation = fit.sim, fit.accumulation
 
     def at(value: float) -> StepTime:
@@ -356,8 +484,12 @@ def time_step(
 
     mid, fast, slow = at(efficiency.mid), at(efficiency.high), at(efficiency.low)
     factor = 1.0 if time_factor is None else time_factor
-    return Timing(mid.step_time_s * factor, (fast.step_time_s * factor, slow.step_time_s * factor), time_factor,
-                  mid.bound, mid.exposed_comm_s, efficiency)
+    extra_s = extra_s_per_micro_batch * accumulation
+
+    def total(t: StepTime) -> float:
+        return (t.step_time_s + extra_s) * factor
+
+    return Timing(total(mid), (total(fast), total(slow)), time_factor, mid.bound, mid.exposed_comm_s, efficiency)
 
 
 @dataclass(frozen=True)

@@ -47,14 +47,19 @@ def render_plan(result: Plan) -> Iterator[Any]:
     head.add_row("samples / tokens per step", f"{sim.samples_per_step:,} / {sim.tokens_per_step:,}")
     head.add_row("optimizer steps", f"{result.steps:,}")
     yield head
+    if result.methods:
+        yield _methods(result)
 
+    methods = result.methods is not None  # a fine-tuning recipe: each candidate says its method
     table = Table(title="candidates (cheapest first; peak includes correction terms; step time at the "
                   "mid efficiency, range in brackets)")
-    for col in ("gpu", "n", "fits", "strategy", "micro x acc", "peak/GPU", "step", "total", "cost", "kWh", "bound"):
-        table.add_column(col, justify="left" if col in ("gpu", "strategy", "bound") else "right")
+    for col in ("gpu", "n", *(("method",) if methods else ()), "fits", "strategy", "micro x acc", "peak/GPU", "step",
+                "total", "cost", "kWh", "bound"):
+        table.add_column(col, justify="left" if col in ("gpu", "method", "strategy", "bound") else "right")
     for c in result.candidates:
+        first = (c.gpu, str(c.num_gpus), *((c.method,) if methods else ()))
         if not c.fits:
-            table.add_row(c.gpu, str(c.num_gpus), Text("no", style="red"), Text(c.reason or "", style="dim"))
+            table.add_row(*first, Text("no", style="red"), Text(c.reason or "", style="dim"))
             continue
         strategy = c.strategy + ("+ckpt" if c.activation_checkpointing else "")
         flags = []
@@ -64,7 +69,7 @@ def render_plan(result: Plan) -> Iterator[Any]:
             flags.append("late")
         fast_s, slow_s = c.step_time_range_s
         table.add_row(
-            c.gpu, str(c.num_gpus), Text("yes", style="green"), strategy,
+            *first, Text("yes", style="green"), strategy,
             f"{c.micro_batch_size} x {c.accumulation}", _bytes(c.peak_bytes_per_gpu),
             f"{_time(c.step_time_s)} ({_time(fast_s)}-{_time(slow_s)})",
             _time(c.total_time_s), _usd(c.cost_usd),
@@ -76,11 +81,30 @@ def render_plan(result: Plan) -> Iterator[Any]:
     summary = Table(title="recommendation", show_header=False)
     for label, c in (("recommended", rec.recommended), ("fastest", rec.fastest), ("cheapest", rec.cheapest)):
         summary.add_row(label, "-" if c is None else
-                        f"{c.num_gpus} x {c.gpu} {c.strategy}, micro-batch {c.micro_batch_size} x "
+                        f"{c.num_gpus} x {c.gpu} {c.strategy}{f' ({c.method})' if methods else ''}, micro-batch {c.micro_batch_size} x "
                         f"{c.accumulation}: {_time(c.total_time_s)}, {_usd(c.cost_usd)}")
     if rec.reason:
         summary.add_row("note", rec.reason)
     yield summary
+
+
+def _methods(result: Plan) -> Table:
+    """A fine-tuning recipe's methods side by side: each one's own step (the recipe's micro-batch, one device)."""
+    sims = result.methods or {}
+    first = next(iter(sims.values()))
+    table = Table(title=f"fine-tuning methods (micro-batch {first.micro_batch_size}, {first.precision}, one device, "
+                  "no correction terms)")
+    table.add_column("")
+    for name in sims:
+        table.add_column(name, justify="right")
+    rows = [("peak memory", [s.peak_bytes for s in sims.values()])]
+    keys = [k for k in dict.fromkeys(k for s in sims.values() for k in s.breakdown)
+            if any(s.breakdown.get(k) for s in sims.values())]
+    rows += [(f"  {k}", [s.breakdown.get(k, 0) for s in sims.values()]) for k in keys]
+    for label, values in rows:
+        table.add_row(label, *(_bytes(v) for v in values))
+    table.add_row("hardware FLOPs / step", *(f"{s.hardware_flops_per_step:.3e}" for s in sims.values()))
+    return table
 
 
 def render_calibration(entry: dict[str, Any]) -> Table:

@@ -2,8 +2,10 @@
 `Candidate` (one GPU type x count). `Plan.to_json()` is the `plan --json` document of DESIGN.md, key for key
 and in the same order; consumers (render, calibrate, the Python API) read attributes, not string keys.
 
-A candidate that does not fit carries only gpu, num_gpus, precision, fits=False and the reason, in JSON
-as in attributes (the other fields are None); one that fits carries everything but the reason.
+A candidate that does not fit carries only gpu, num_gpus, precision, method, fits=False and the reason, in JSON
+as in attributes (the other fields are None); one that fits carries everything but the reason. `method` is the
+fine-tuning method (full | lora | qlora): a recipe with `model.lora` is planned for all three, any other is
+`full`; `Plan.methods` then holds each method's own step side by side.
 """
 from __future__ import annotations
 
@@ -12,14 +14,14 @@ from typing import Any, Optional
 
 # the keys of a fitting candidate's JSON, in order (DESIGN.md names the contract subset; the rest are extras)
 FIT_KEYS = (
-    "gpu", "num_gpus", "precision", "fits", "strategy", "activation_checkpointing", "micro_batch_size",
+    "gpu", "num_gpus", "precision", "method", "fits", "strategy", "activation_checkpointing", "micro_batch_size",
     "accumulation", "peak_bytes_per_gpu", "simulated_peak_bytes_per_gpu", "corrections_bytes", "memory_bytes",
     "step_time_s", "step_time_range_s", "calibrated_time_factor", "bound", "exposed_comm_s", "efficiency",
     "efficiency_range", "efficiency_source", "total_time_s", "cost_usd", "energy_kwh", "price_usd_per_hour",
     "price_source", "within_budget", "within_deadline",
 )
-NO_FIT_KEYS = ("gpu", "num_gpus", "precision", "fits", "reason")
-PICK_KEYS = ("gpu", "num_gpus", "strategy", "micro_batch_size", "accumulation", "total_time_s", "cost_usd")
+NO_FIT_KEYS = ("gpu", "num_gpus", "precision", "method", "fits", "reason")
+PICK_KEYS = ("gpu", "num_gpus", "method", "strategy", "micro_batch_size", "accumulation", "total_time_s", "cost_usd")
 RANGE_KEYS = ("step_time_range_s", "efficiency_range")  # tuples here, lists in JSON
 
 
@@ -32,6 +34,7 @@ class Candidate:
     precision: str
     fits: bool
     reason: Optional[str] = None  # why it does not fit; None when it fits
+    method: str = "full"  # full | lora | qlora: what trains (every weight, adapters, adapters on an NF4 base)
     # memory: the chosen strategy and micro-batch
     strategy: Optional[str] = None  # none | ddp | fsdp
     activation_checkpointing: Optional[bool] = None
@@ -133,10 +136,12 @@ class Plan:
     simulation: StepSimulation
     candidates: tuple[Candidate, ...]  # ranked: fitting first, then priced, cheapest, fastest
     recommendation: Recommendation
+    # a fine-tuning recipe's methods side by side (full, lora, qlora: each one's own step); None otherwise
+    methods: Optional[dict[str, StepSimulation]] = None
 
     def to_json(self) -> dict[str, Any]:
-        """The `plan --json` document."""
-        return {
+        """The `plan --json` document ("methods" only for a fine-tuning recipe)."""
+        out = {
             "recipe": self.recipe,
             "steps": self.steps,
             "global_batch_size": self.global_batch_size,
@@ -144,3 +149,6 @@ class Plan:
             "candidates": [c.to_json() for c in self.candidates],
             "recommendation": self.recommendation.to_json(),
         }
+        if self.methods is not None:
+            out["methods"] = {name: sim.to_json() for name, sim in self.methods.items()}
+        return out

@@ -127,6 +127,15 @@ def step_time(
     return StepTime(total, compute, memory, launch, comm, exposed, bound)
 
 
+def dequantize_time_s(elements: int, stored_bytes_per_param: float, compute_bytes_per_param: int, passes: int,
+                      bandwidth_bytes_per_s: float) -> float:
+    """QLoRA's extra time per micro-batch: every pass over the blocks (forward, backward's input gradients, the
+    recompute under activation checkpointing) dequantizes each quantized weight before its matmul — the packed
+    weight read and the dequantized one written, at memory bandwidth, in a kernel of its own that does not
+    overlap the matmuls. A floor: bitsandbytes' measured QLoRA steps run slower than this (calibrate)."""
+    return passes * elements * (stored_bytes_per_param + compute_bytes_per_param) / bandwidth_bytes_per_s
+
+
 def run_totals(step_time_s: float, steps: int, num_gpus: int, usd_per_gpu_hour: float | None, tdp_watts: float) -> dict:
     """Total time, cost = hours x GPUs x price, energy = hours x GPUs x TDP (an upper bound)."""
     total_s = step_time_s * steps

@@ -100,7 +100,7 @@ class Simulation:
     breakdown: dict[str, int]  # at the peak, BREAKDOWN_KEYS (+ "other"); sums to peak_bytes
     param_count: int
     param_bytes: int  # per rank (sharded under fsdp)
-    grad_bytes: int  # full gradient bytes before sharding: what DDP all-reduces
+    grad_bytes: int  # full gradient bytes (trainable parameters) before sharding: what DDP all-reduces
     model_flops_per_sample: float  # forward + backward, no recompute
     hardware_flops_per_sample: float  # including activation recompute
     tokens_per_sample: int  # seq_len for token inputs, else 1
@@ -144,6 +144,7 @@ def simulate_step(
         model, spec = build_fake_model(model_cfg, info)
         param_count, full_param_bytes = _param_stats(model)
         _prepare(model, activation_checkpointing, freeze_patterns)
+        grad_bytes = _param_stats(model)[1]  # the trainable parameters: frozen ones are buffers by now
         x, y = spec.example(micro_batch_size), _targets(info, micro_batch_size)
         if flops_per_sample is None:
             flops_per_sample = _per_sample(count_flops(model, x, task=info.task, precision=precision), micro_batch_size)
@@ -167,7 +168,7 @@ def simulate_step(
         breakdown=measured.breakdown,
         param_count=param_count,
         param_bytes=param_bytes,
-        grad_bytes=full_param_bytes,  # gradients have their parameters' (master) dtype
+        grad_bytes=grad_bytes,  # gradients have their parameters' (master) dtype; frozen weights have none
         model_flops_per_sample=flops_per_sample[0],
         hardware_flops_per_sample=flops_per_sample[1],
         tokens_per_sample=_tokens_per_sample(info),
@@ -394,6 +395,7 @@ def _forward_backward(
     with autocast(x.device, precision):
         logits = model(x)
     loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing)
+    del logits  # as the trainer does: backward does not need them
     activation_bytes = _categories(_one_device(tracker.get_tracker_snapshot("current")))["activations"]
     loss.backward()
     return activation_bytes

@@ -270,6 +270,7 @@ def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strateg
                     loss = loss_fn(logits.float(), x, y) / accumulation
                 else:
                     loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing) / accumulation
+                del logits  # not needed by backward (the loss keeps what it needs): one logits tensor less at the peak
                 total += loss.detach()
                 if i < accumulation - 1:
                     scaler.scale(loss).backward()
