@@ -117,15 +117,18 @@ def test_bf16_autocast_with_accumulation_trains_a_pretrained_bert(files, tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_lora_on_two_processes_matches_one_and_keeps_only_adapters(files, tmp_path, strategy):
-    """LoRA under ddp and under fsdp (FSDP2 over blocks whose base weights are frozen): 2 x 4 matches 1 x 8, and
-    the checkpoint (whole or sharded) and final/ hold the adapters alone."""
+@pytest.mark.parametrize("strategy, base", [("ddp", "none"), ("fsdp", "nf4")])
+def test_lora_on_two_processes_matches_one_and_keeps_only_adapters(files, tmp_path, strategy, base):
+    """LoRA under ddp, and QLoRA under fsdp (FSDP2 over blocks whose frozen base weights are NF4): 2 x 4 matches
+    1 x 8, and the checkpoint (whole or sharded) and final/ hold the adapters alone."""
     from safetensors.torch import load_file
 
-    lora = "model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}"
-    in_process(tmp_path / "one", llama_run(files, "train.max_steps=4", lora, "optim.lr=1e-2"), micro=8)
-    run(command(tmp_path / "two", *llama_run(files, "train.max_steps=4", lora, "optim.lr=1e-2",
+    lora = ["model.lora={r: 4, alpha: 8, dropout: 0.0, target_modules: [q_proj, v_proj]}", f"model.quantize_base={base}"]
+    if base == "nf4":  # FSDP shards NF4 weights by their blocks of scalers: layers as wide as real ones have enough
+        wide = save_tiny_llama(tmp_path / "wide", tie_word_embeddings=True, hidden_size=256, intermediate_size=512)
+        lora.append(f"model.args={{pretrained: {wide}}}")
+    in_process(tmp_path / "one", llama_run(files, "train.max_steps=4", *lora, "optim.lr=1e-2"), micro=8)
+    run(command(tmp_path / "two", *llama_run(files, "train.max_steps=4", *lora, "optim.lr=1e-2",
                                            f"distributed.strategy={strategy}"), nproc=2, micro=4))
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert len(one) == len(two) == 4 and max(abs(a - b) for a, b in zip(one, two)) < 1e-5

@@ -40,11 +40,14 @@ def agree(env: DistEnv, device: torch.device, loss_sum: float, oom: bool, stop: 
 
 @torch.no_grad()
 def broadcast_state(model: nn.Module, env: DistEnv) -> None:
-    """Start every replica from rank 0's weights and buffers."""
+    """Start every replica from rank 0's weights and buffers. Tensors of a subclass (a QLoRA base's NF4 or int8
+    weights) are not sent: collectives take plain tensors, and every rank quantized the same base (checked by its
+    SHA-256) the same deterministic way."""
     if not env.is_distributed:
         return
     for t in [*model.parameters(), *model.buffers()]:
-        dist.broadcast(t.data, src=0)
+        if type(t.data) is torch.Tensor:
+            dist.broadcast(t.data, src=0)
 
 
 def max_over_ranks(env: DistEnv, device: torch.device, value: float) -> float:
