@@ -11,6 +11,7 @@ from trainforge.data import build_data
 from trainforge.distributed.env import DistEnv
 from trainforge.errors import JobFailed, UserError
 from trainforge.planning.auto import MemoryBudget
+from trainforge.planning.memory import SAFETY_MARGIN
 from trainforge.training import loop, run
 from trainforge.training.setup import DataFacts, OOMNote, resolve
 from trainforge.training.state import RunFacts, TrainState
@@ -82,8 +83,11 @@ def test_auto_asks_the_planner_against_the_budget_given(facts):
     roomy = resolve(cfg, DistEnv(), CPU, facts, budget=MemoryBudget(8 * 2**30, "the test's budget"))
     assert roomy.micro_batch_size == 64 and 0 < roomy.predicted_peak_bytes < 8 * 2**30
     assert "the test's budget" in roomy.reasons["micro_batch_size"] and roomy.notes
-    tight = resolve(cfg, DistEnv(), CPU, facts, budget=MemoryBudget(int(roomy.predicted_peak_bytes * 0.8), "tight"))
-    assert tight.micro_batch_size < 64 and tight.predicted_peak_bytes <= roomy.predicted_peak_bytes * 0.8 * 0.9
+    one = resolve(tiny("train.global_batch_size=64", "train.micro_batch_size=1"), DistEnv(), CPU, facts,
+                  budget=MemoryBudget(8 * 2**30, "a slot"), predict=True).predicted_peak_bytes
+    budget = int((one + roomy.predicted_peak_bytes) / 2 / SAFETY_MARGIN)  # usable: halfway between 1 and 64
+    tight = resolve(cfg, DistEnv(), CPU, facts, budget=MemoryBudget(budget, "tight"))
+    assert 1 <= tight.micro_batch_size < 64 and tight.predicted_peak_bytes <= budget * SAFETY_MARGIN
     fixed = resolve(tiny("train.global_batch_size=64", "train.micro_batch_size=64"), DistEnv(), CPU, facts,
                     budget=MemoryBudget(8 * 2**30, "a slot"), predict=True)
     assert fixed.predicted_peak_bytes == roomy.predicted_peak_bytes  # the same simulation at the same size
