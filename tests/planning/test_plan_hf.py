@@ -18,14 +18,20 @@ from trainforge.planning.plan import DEFAULT_NUM_GPUS, plan
 
 LLAMA_8B = dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192)
-LLAMA_8B_RECIPE = [
-    "name=llama8b", "data.source=synthetic_text",
-    "data.args={task: lm, num_samples: 4096, seq_len: 8192, vocab_size: 128256}",
-    "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none",
-    "model.name=hf", f"model.args={{pretrained: false, config: {LLAMA_8B}}}",
-    "train.global_batch_size=64", "train.micro_batch_size=1", "train.precision=bf16", "train.max_steps=1000",
-    "train.early_stopping=null",
-]
+
+
+def llama_recipe(name: str, config: dict, *, seq: int, num_samples: int, global_batch: int, steps: int) -> list[str]:
+    """An hf Llama from its config alone (no weights) on synthetic token windows of `seq` tokens."""
+    vocab = config["vocab_size"]
+    return [f"name={name}", "data.source=synthetic_text",
+            f"data.args={{task: lm, num_samples: {num_samples}, seq_len: {seq}, vocab_size: {vocab}}}",
+            "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none",
+            "model.name=hf", f"model.args={{pretrained: false, config: {config}}}",
+            f"train.global_batch_size={global_batch}", "train.micro_batch_size=1", "train.precision=bf16",
+            f"train.max_steps={steps}", "train.early_stopping=null"]
+
+
+LLAMA_8B_RECIPE = llama_recipe("llama8b", LLAMA_8B, seq=8192, num_samples=4096, global_batch=64, steps=1000)
 PLAN_BUDGET_S = 120  # issue 14: the whole catalog at 1, 2, 4 and 8 GPUs on a 2-core machine
 # The 2-core machines differ in speed from day to day (the same code planned the 8B model in 78-82 s on
 # 2026-12-02 and in 165 s on 2026-12-03): the budget is for a machine of the reference speed, and scales by how
@@ -35,14 +41,7 @@ PLAN_BUDGET_S = 120  # issue 14: the whole catalog at 1, 2, 4 and 8 GPUs on a 2-
 CALIBRATION_REFERENCE_S = 1.45
 SMALL_LLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
-SMALL_RECIPE = [
-    "name=calibration", "data.source=synthetic_text",
-    "data.args={task: lm, num_samples: 256, seq_len: 1024, vocab_size: 32000}",
-    "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none",
-    "model.name=hf", f"model.args={{pretrained: false, config: {SMALL_LLAMA}}}",
-    "train.global_batch_size=8", "train.micro_batch_size=1", "train.precision=bf16", "train.max_steps=10",
-    "train.early_stopping=null",
-]
+SMALL_RECIPE = llama_recipe("calibration", SMALL_LLAMA, seq=1024, num_samples=256, global_batch=8, steps=10)
 
 
 def machine_slowdown() -> float:
