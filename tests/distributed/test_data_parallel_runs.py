@@ -124,6 +124,17 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_nothing_happened(tm
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_signal_after_the_steps_agreement_stops_all_ranks_at_the_next_step(tmp_path):
+    """SIGTERM reaches rank 0 alone, inside the backward of step 3: after the ranks agreed that step 3 goes on.
+    Acting on it at once would send rank 0 into the checkpoint's collectives while rank 1 waits in step 4's
+    agreement. Both must instead stop together after step 4, checkpoint it and exit 0."""
+    steps = ["model.name=custom", "model.target=loop_models:sigterm_in_backward_on_rank", "model.args={rank: 0, call: 3}",
+             "train.max_steps=8", "train.checkpoint_every_steps=100"]
+    run(command(tmp_path / "run", *steps, nproc=2, micro=16), timeout=120)
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-000004"
+    assert not (tmp_path / "run" / "final").exists()
+
+
 def test_sigterm_to_the_launcher_checkpoints_all_ranks_and_exits_0(tmp_path):
     steps = ["train.max_steps=400", "train.checkpoint_every_steps=50", "model.args={hidden: [256, 256], dropout: 0.0}"]
     env = dict(os.environ, PYTHONPATH=LOOP_MODELS)

@@ -121,3 +121,38 @@ def oom_in_backward_on_rank(info, rank: int = 1, limit: int = 8):
     """Out of memory in backward above `limit` samples, on one rank only: inside DDP's communicating backward."""
     this_rank = int(os.environ.get("RANK", "0"))
     return OOMInBackwardAbove(info, limit if this_rank == rank else 10**9)
+
+
+class _SignalInBackward(torch.autograd.Function):
+    """Identity; sends this process a signal from inside backward, i.e. after the step's agreement."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sig: int) -> torch.Tensor:
+        ctx.sig = sig
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        os.kill(os.getpid(), ctx.sig)
+        return grad, None
+
+
+class SignalInBackwardOnCall(_Flat):
+    def __init__(self, info, call: int, sig: int) -> None:
+        super().__init__(info)
+        self.signal_call, self.sig, self.train_calls = call, sig, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            self.train_calls += 1
+            if self.train_calls == self.signal_call:
+                return _SignalInBackward.apply(out, self.sig)
+        return out
+
+
+def sigterm_in_backward_on_rank(info, rank: int = 0, call: int = 3):
+    """SIGTERM on one rank during the backward of training call `call`: after the ranks agreed on that step,
+    as a preemption notice that lands between the agreement and the step's checkpoint decision."""
+    this_rank = int(os.environ.get("RANK", "0"))
+    return SignalInBackwardOnCall(info, call if this_rank == rank else -1, signal.SIGTERM)

@@ -15,7 +15,7 @@ test metrics, report.
 Out of memory inside a step: the resolver gives the smaller setup (the largest divisor of the rank's share that
 is at most half the micro-batch, accumulation raised to match) and the same step is retried on the same samples
 — or, where the ranks cannot agree in place, the strategy has the group restart smaller (`training.strategy`).
-SIGTERM/SIGINT finish the current step, save a checkpoint and return.
+SIGTERM/SIGINT: every rank acts on it at the step whose agreement first sees it: that step finishes, a checkpoint is saved, return.
 """
 from __future__ import annotations
 
@@ -169,7 +169,10 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
                 empty_cache(device)
                 torch.set_rng_state(rng_at_step)
                 it = batches.at(epoch, position, state.setup.micro_batch_size)
-            if out.stop and not stop:
+            # the stop the ranks agreed on at this step: a signal that lands after the agreement (in the last
+            # backward, say) is acted on at the next step's, or one rank would checkpoint while another steps on
+            stopping = out.stop
+            if stopping and not stop:
                 stop.signal_name = "SIGTERM (another rank)"
 
             # a non-finite loss skips the update; too many in a row end the run (last checkpoint intact)
@@ -206,10 +209,10 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
 
             # checkpoint when due (not amid a run of non-finite losses), at the end, on a signal, on early stop
             due = (done % setup.checkpoint_every_steps == 0 or done == setup.total_steps) and state.bad_steps_in_row == 0
-            if due or stop or state.status != "completed":
+            if due or stopping or state.status != "completed":
                 payload, groups = state.to_checkpoint(facts, gather_objects(env, get_rng_state()))
                 strategy.save(run_dir / "checkpoints", done, model, optimizer, payload, groups, tc.keep_checkpoints)
-            if stop:
+            if stopping:
                 state.status = "interrupted"
                 progress.log(f"{stop.signal_name}: checkpoint saved at step {done}; resume with --resume auto")
             if state.status != "completed":
