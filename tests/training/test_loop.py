@@ -2,6 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -242,6 +247,27 @@ def test_signal_checkpoints_and_resume_matches_uninterrupted(tmp_path: Path, sig
     assert_same_weights(final_weights(full.run_dir), final_weights(resumed.run_dir))
     steps = [r["step"] for r in read_metrics(tmp_path / "part" / "metrics.jsonl") if r["split"] == "train"]
     assert steps == sorted(set(steps))  # rows after the checkpoint were not duplicated
+
+
+def test_sigterm_to_the_whole_process_group_with_data_workers_checkpoints_and_exits_0(tmp_path: Path):
+    """torchrun, Slurm and the job server signal the trainer's whole process group, its data workers included
+    (as Ctrl-C in a terminal does): the workers must leave the signal to the trainer, which checkpoints."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "trainforge", "train", *TINY, "train.max_steps=2000",
+                             "train.device=cpu", "data.num_workers=2", "train.log_every_steps=1", "--run-dir", str(run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while '"step": 3,' not in ((run_dir / "metrics.jsonl").read_text() if (run_dir / "metrics.jsonl").exists() else ""):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-3000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM: checkpoint saved at step" in err and find_resume_checkpoint(run_dir / "checkpoints") is not None
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -12,6 +12,7 @@ Iterating never advances the sampler by itself: call `set_position` before each 
 from __future__ import annotations
 
 import os
+import signal
 from typing import Iterator, Optional, Union
 
 import torch
@@ -94,6 +95,15 @@ class PositionBatchSampler(Sampler[list[Key]]):
             yield [(epoch, i) for i in order[start : start + micro]]
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """A data worker's init: SIGTERM and SIGINT are the trainer's to act on. They often reach the whole process
+    group (torchrun and Slurm preempting, the job server cancelling, Ctrl-C in a terminal); a worker they
+    killed would crash the trainer ("DataLoader worker exited unexpectedly") instead of letting it finish the
+    step and checkpoint. The trainer still ends its workers, and a worker still exits when the trainer dies."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def make_train_loader(
     dataset: Dataset, sampler: PositionBatchSampler, *, num_workers: int, pin_memory: bool
 ) -> DataLoader:
@@ -105,6 +115,7 @@ def make_train_loader(
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        worker_init_fn=ignore_stop_signals,
         generator=_private_generator(),
     )
 
@@ -125,6 +136,7 @@ def make_eval_loader(dataset: Dataset, *, batch_size: int, num_workers: int, pin
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
+        worker_init_fn=ignore_stop_signals,
         generator=_private_generator(),
     )
 
