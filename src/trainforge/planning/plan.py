@@ -143,6 +143,7 @@ class Planner:
         budget_usd: Optional[float] = None,
         deadline_h: Optional[float] = None,
         fixed_micro: Optional[int] = None,
+        fixed_checkpointing: Optional[bool] = None,
         device_type: str = "cuda",
     ) -> Candidate:
         """Fit memory (strategy, micro-batch) → time the step (roofline) → price the run (cost, energy)."""
@@ -154,7 +155,7 @@ class Planner:
         per_gpu = global_batch // num_gpus
         rule = MemoryRule(spec.memory_bytes * SAFETY_MARGIN, tuple(applicable(device_type, num_gpus, self.facts.convolutional)),
                           calibration.get("memory_factor"))
-        fit = fit_memory(num_gpus, per_gpu, self.cache, self.facts, rule, precision, fixed_micro)
+        fit = fit_memory(num_gpus, per_gpu, self.cache, self.facts, rule, precision, fixed_micro, fixed_checkpointing)
         if isinstance(fit, str):
             return Candidate(spec.name, num_gpus, precision, fits=False, method=self.method, reason=fit)
         q = self.quantization
@@ -172,6 +173,7 @@ class Planner:
             strategy=fit.strategy, activation_checkpointing=fit.activation_checkpointing,
             micro_batch_size=fit.micro_batch_size, accumulation=fit.accumulation,
             peak_bytes_per_gpu=fit.peak_bytes, simulated_peak_bytes_per_gpu=fit.simulated_peak_bytes,
+            model_flops_per_sample=fit.sim.model_flops_per_sample,
             corrections_bytes=fit.corrections_bytes, memory_bytes=spec.memory_bytes,
             step_time_s=timing.step_time_s, step_time_range_s=timing.step_time_range_s,
             calibrated_time_factor=timing.calibrated_time_factor, bound=timing.bound,
@@ -305,15 +307,17 @@ def own_step(planner: Planner, simulations_run: Optional[int] = None) -> StepSim
 
 
 def plan_local_step(
-    cfg: Config, device, catalog: Catalog, *, micro_batch_size: int, precision: str, calibration: Optional[dict] = None
+    cfg: Config, device, catalog: Catalog, *, micro_batch_size: int, precision: str, calibration: Optional[dict] = None,
+    activation_checkpointing: Optional[bool] = None,
 ) -> Candidate:
-    """The prediction for `cfg` on this machine's device (one device, no parallelism) with the micro-batch and
-    precision a run resolved (`RunSetup`): calibration compares it with that run."""
+    """The prediction for `cfg` on this machine's device (one device, no parallelism) with the micro-batch,
+    precision and activation checkpointing a run resolved (`RunSetup`; None: the planner's own choice):
+    calibration and `benchmarks/gpu_check.py` compare it with that run."""
     spec = local_spec(device, catalog)
     candidate = Planner(cfg).candidate(
         spec, 1, precision=precision,
         calibration=(calibration if calibration is not None else load_calibration()).get(spec.name, {}),
-        fixed_micro=micro_batch_size, device_type=device.type,
+        fixed_micro=micro_batch_size, fixed_checkpointing=activation_checkpointing, device_type=device.type,
     )
     if not candidate.fits:
         raise UserError(f"{cfg.name}: micro-batch {micro_batch_size} does not fit this {spec.name}: {candidate.reason}")
@@ -407,15 +411,17 @@ class Fit:
 
 def fit_memory(
     num_gpus: int, per_gpu: int, cache: SimCache, facts: ModelFacts, rule: MemoryRule, precision: str,
-    fixed_micro: Optional[int] = None,
+    fixed_micro: Optional[int] = None, fixed_checkpointing: Optional[bool] = None,
 ) -> Union[Fit, str]:
-    """Try the strategies in order and take the largest micro-batch that fits (or `fixed_micro` if it
-    does); the reason nothing fits otherwise.
+    """Try the strategies in order (only those with activation checkpointing `fixed_checkpointing`, when given)
+    and take the largest micro-batch that fits (or `fixed_micro` if it does); the reason nothing fits otherwise.
 
     Micro-batch 1 and 2 are simulated; their lines (`planning.memory.fit_linear`, a lower bound of the peak at
     larger micro-batches) rule sizes out, and the size taken is simulated, so its peak is the simulation's own."""
     smallest_need = None
     for strategy, ckpt in strategies_for(num_gpus, facts.adapters):
+        if fixed_checkpointing is not None and ckpt != fixed_checkpointing:
+            continue
         floor = rule.corrected(facts.floor_bytes(num_gpus if strategy == "fsdp" else 1))
         if floor > rule.usable_bytes:  # weights, gradients and optimizer state alone: no need to simulate
             smallest_need = floor if smallest_need is None else min(smallest_need, floor)

@@ -42,6 +42,7 @@ class Candidate:
     accumulation: Optional[int] = None
     peak_bytes_per_gpu: Optional[int] = None  # simulated peak plus correction terms
     simulated_peak_bytes_per_gpu: Optional[int] = None
+    model_flops_per_sample: Optional[float] = None  # forward + backward, no recompute: what MFU counts
     corrections_bytes: Optional[dict[str, int]] = None
     memory_bytes: Optional[int] = None  # the GPU's
     # time: the roofline at the mid efficiency (range: high and low efficiency), times any calibration
