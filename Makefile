@@ -1,11 +1,13 @@
 # make demo   - create .venv, install, train the default recipe (digits, a CNN) on this machine
 # make test   - install what the tests need, run the whole suite
+# make gpu-check - on a CUDA GPU: the planner, throughput, LoRA and int8 measured in under 8 minutes
+#                  (runs/gpu-check.json; without a GPU it checks its own plumbing on the CPU and says so)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-fast bench clean
+.PHONY: install demo test test-fast bench gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +30,9 @@ test-fast: install
 
 bench: install
 	$(BIN)/python benchmarks/loop_overhead.py
+
+gpu-check: install
+	$(BIN)/python benchmarks/gpu_check.py --budget-s 420 --save runs/gpu-check.json
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
