@@ -113,3 +113,19 @@ def test_a_saved_document_that_is_not_json_is_one_line_and_exit_2(gpu_check, tmp
     assert gpu_check.main(["--from", str(bad), "--markdown"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: --from {bad}") and "\n" not in err
+
+
+def test_the_gpu_sizes_are_valid_recipe_overrides(gpu_check, tmp_path):
+    """The GPU's workloads cannot run here, but a typo in their overrides would cost a lent GPU's minutes."""
+    import trainforge
+
+    sizes = gpu_check.GPU_SIZES
+    for case in gpu_check.planner_cases(sizes):
+        cfg = trainforge.load_config(case.recipe, gpu_check.short(case.overrides))
+        assert cfg.train.micro_batch_size == cfg.train.global_batch_size or case.recipe == "digits_cnn"
+    gpt2 = trainforge.load_config("gpt2_small_synthetic", gpu_check.short([*sizes.gpt2, "train.compile=true"]))
+    assert gpt2.model.args["n_layer"] == 12 and gpt2.data.args["seq_len"] == 1024 and gpt2.train.compile
+    lora = trainforge.load_config("llm_lora_sft", gpu_check.short(
+        [f"model.args.pretrained={tmp_path / 'model'}", f"data.path={tmp_path / 'chats.jsonl'}", *sizes.lora]))
+    assert lora.model.lora is not None and lora.data.args["seq_len"] == 1024
+    assert sum(p.numel() for p in gpu_check._meta_llm(sizes.llm_shape).parameters()) == pytest.approx(494e6, rel=0.01)
