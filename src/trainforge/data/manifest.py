@@ -44,7 +44,6 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from PIL import Image
 
-from trainforge.data.loader import available_cpus
 from trainforge.files import trainforge_home, write_text_atomic
 
 FORMAT = "trainforge-imagefolder-manifest"
@@ -128,6 +127,13 @@ def read_file(path: str) -> Read:
 
 def read_chunk(paths: list[str]) -> list[Read]:
     return [read_file(p) for p in paths]
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # respects container/taskset limits
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def read_files(paths: list[str], workers: int) -> Iterator[Read]:
