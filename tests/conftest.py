@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 # Nothing downloads at test time: the Hugging Face libraries never ask the hub, here and in every process the
 # tests start (pretrained models are tiny ones the tests save locally).
 os.environ["HF_HUB_OFFLINE"] = "1"
+# What trainforge remembers between runs (folder manifests, calibration factors) goes to a fresh folder, here and in
+# every process the tests start: never the user's ~/.cache/trainforge.
+os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="trainforge-home-")
 
 from postgres_server import Postgres, postgres_bin
 

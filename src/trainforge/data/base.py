@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Callable, Literal, Optional
 
 from torch.utils.data import Dataset
 
@@ -38,6 +38,8 @@ class DataBundle:
     `val[index]` and `test[index]` return (x, y) with no augmentation.
     `preprocess` is JSON-able (normalization statistics, tokenizer, image size): stored with the model.
     `report` is JSON-able: written to data_report.json.
+    `runtime_report`, when the data can find problems only while it is read (image files that fail to decode):
+    what was found so far, by every process (JSON-able; the trainer adds it to data_report.json at the end).
     """
 
     info: DataInfo
@@ -46,3 +48,4 @@ class DataBundle:
     test: Dataset
     preprocess: dict[str, Any] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)
+    runtime_report: Optional[Callable[[], dict[str, Any]]] = None

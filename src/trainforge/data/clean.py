@@ -6,7 +6,7 @@ themselves, into the same `DropLog`.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Union
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
@@ -52,6 +52,31 @@ def clean_tensor_pool(pool: Pool, cfg: CleanConfig) -> Pool:
     return _keep_only(pool, keep)
 
 
+FAILED_BEFORE_KEY = "dropped_failed_before"  # in the stored preprocessing: the files a run dropped for that
+
+
+def drop_failed_before(pool: Pool, stored: Optional[dict[str, Any]]) -> Pool:
+    """Drop, as corrupt, the samples an earlier run could not read (`pool.failed_before`). A resumed or evaluated
+    run (`stored`: its preprocessing record) drops exactly those its start dropped, so its split stays the same;
+    any other such sample stays, and is replaced at run time as it was then."""
+    assert pool.failed_before is not None
+    ids = pool.samples.ids
+    if stored is not None:
+        before = set(stored.get(FAILED_BEFORE_KEY, ()))
+        drop = [int(i) for i in pool.failed_before if ids[i] in before]
+    else:
+        drop = [int(i) for i in pool.failed_before]
+    pool.failed_before = None
+    if drop:
+        pool.preprocess = {**pool.preprocess, FAILED_BEFORE_KEY: [ids[i] for i in drop]}
+        keep = np.ones(len(pool.samples), dtype=bool)
+        ok = keep.copy()
+        ok[drop] = False
+        _drop(pool.drops, "corrupt", pool.samples, keep, ok)
+        pool = _keep_only(pool, keep)
+    return pool
+
+
 def _keep_only(pool: Pool, keep: np.ndarray) -> Pool:
     """The pool with only the samples (and labels) `keep` marks."""
     if keep.all():
@@ -63,7 +88,7 @@ def _keep_only(pool: Pool, keep: np.ndarray) -> Pool:
     return pool
 
 
-def _drop(log: DropLog, reason: str, samples: Union[TensorSamples, TextSamples], keep: np.ndarray,
+def _drop(log: DropLog, reason: str, samples: Any, keep: np.ndarray,
           ok: np.ndarray) -> None:
     for i in np.flatnonzero(keep & ~ok):
         log.drop(reason, samples.ids[i])

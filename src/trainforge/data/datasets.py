@@ -4,6 +4,10 @@
 generator seeded by (seed, epoch, index), so it is the same in any process, worker or rank and
 after a resume. A plain int index gives the sample without augmentation (to evaluate on the
 train split). `EvalDataset` is indexed by int and never augments.
+
+A sample that cannot be read after all (`SampleUnreadable`: an image file that fails to decode) is replaced by
+the next readable one of the same split (wrapping around): the same replacement in any process, so batches keep
+their size and a resumed run sees what the uninterrupted one saw. The source records the failure.
 """
 from __future__ import annotations
 
@@ -13,11 +17,21 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainforge.data.pool import Samples
+from trainforge.data.pool import Samples, SampleUnreadable
 from trainforge.data.seeding import generator_for
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 Augmenter = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def read_or_replace(samples: Samples, indices: np.ndarray, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """samples[indices[index]], or the first readable sample after it in `indices` (wrapping around)."""
+    for step in range(len(indices)):
+        try:
+            return samples[int(indices[(index + step) % len(indices)])]
+        except SampleUnreadable:
+            continue
+    raise SampleUnreadable(f"none of the {len(indices)} samples of this split can be read")
 
 
 class EvalDataset(Dataset):
@@ -28,7 +42,7 @@ class EvalDataset(Dataset):
         return len(self.indices)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.samples[int(self.indices[index])]
+        x, y = read_or_replace(self.samples, self.indices, index)
         if self.normalize is not None:
             x = self.normalize(x)
         return x, y
@@ -52,7 +66,7 @@ class TrainDataset(Dataset):
 
     def __getitem__(self, key: Union[tuple[int, int], int]) -> tuple[torch.Tensor, torch.Tensor]:
         epoch, index = key if isinstance(key, tuple) else (None, key)
-        x, y = self.samples[int(self.indices[index])]
+        x, y = read_or_replace(self.samples, self.indices, index)
         if self.augment is not None and epoch is not None:
             x = self.augment(x, generator_for("augment", self.seed, int(epoch), int(index)))
         if self.normalize is not None:

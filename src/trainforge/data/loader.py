@@ -11,13 +11,13 @@ Iterating never advances the sampler by itself: call `set_position` before each 
 """
 from __future__ import annotations
 
-import os
 import signal
 from typing import Iterator, Optional, Union
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from trainforge.data.manifest import available_cpus  # noqa: F401  (here too: callers and tests reach it here)
 from trainforge.data.seeding import generator_for
 from trainforge.errors import UserError
 
@@ -139,13 +139,6 @@ def make_eval_loader(dataset: Dataset, *, batch_size: int, num_workers: int, pin
         worker_init_fn=ignore_stop_signals,
         generator=_private_generator(),
     )
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # respects container/taskset limits
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def resolve_num_workers(spec: Union[int, str], device_type: str) -> int:

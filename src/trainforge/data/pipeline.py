@@ -18,11 +18,11 @@ from trainforge.data.augment import (
     text_ops_set,
 )
 from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.clean import clean_tensor_pool, clean_text_pool
+from trainforge.data.clean import clean_tensor_pool, clean_text_pool, drop_failed_before
 from trainforge.data.datasets import EvalDataset, TrainDataset
 from trainforge.data.image_preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
 from trainforge.data.normalize import Normalizer, fit_normalizer, identity, model_normalizer
-from trainforge.data.pool import Pool, Samples, TensorSamples, TextCorpus, TextSamples
+from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
 from trainforge.data.sources.chat import ChatExamples, ChatTokens, pack_chat, tokenize_chat
 from trainforge.data.sources.textfile import ByteWindows
@@ -30,11 +30,12 @@ from trainforge.data.split import Splits, carve_val, contiguous_split, random_sp
 from trainforge.data.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
 from trainforge.errors import UserError
 
-MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples
+MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
 STATS_CHUNK = 256
 
 
-def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] = None) -> DataBundle:
+def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] = None,
+               fit_stats: bool = True) -> DataBundle:
     """Build the train/val/test datasets described by `cfg` (the `data` section of a recipe).
 
         bundle = build_data(cfg.data, seed=cfg.seed)
@@ -44,6 +45,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
 
     `stored`: the preprocessing record of a trained model or checkpoint (eval, compress, resume): its tokenizer
     and its image preprocessing (`data.normalize: model`) are used as they are, never loaded or trained anew.
+    `fit_stats=False` (`plan`, the job admission, tune's and the launcher's checks: shapes, class counts and sizes
+    only): normalization is not fitted, so no image is decoded; the bundle is not for training.
     Raises UserError for any problem with the config, the files or the data.
     """
     result = SOURCES.get(cfg.source)(cfg, seed=seed)
@@ -59,6 +62,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         pool = tokenize_corpus(pool, choose_tokenizer(cfg, lambda: train_prefix(corpus, cfg), stored))
     elif isinstance(pool.samples, ChatExamples):  # rendered and tokenized whole: too-long ones dropped before the split
         pool = tokenize_chat(pool, choose_tokenizer(cfg, lambda: [], stored), stored)
+    if pool.failed_before is not None:  # files an earlier run could not decode (image folders)
+        pool = drop_failed_before(pool, stored)
     if len(pool.samples) == 0:
         raise UserError(
             f"data: no usable samples left from data.source={cfg.source!r} "
@@ -80,10 +85,13 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     if cfg.tokenizer is not None and info.modality != "text":
         warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
     scaled = info.modality in ("image", "tabular")
+    sampled: dict[str, Any] = {}
     if spec is not None:
         normalizer = model_normalizer(spec.mean, spec.std, pool.value_range)
+    elif not fit_stats:
+        normalizer = identity()
     else:
-        normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none")
+        normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none", seed, sampled)
     normalize = None if normalizer.kind == "none" else normalizer
     augment = choose_augment(cfg.augment, info, pool.value_range)
 
@@ -100,7 +108,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         val=EvalDataset(pool.samples, splits["val"], normalize),
         test=EvalDataset(pool.samples, splits["test"], normalize),
         preprocess=preprocess,
-        report=data_report(cfg.source, pool, splits, method, normalizer),
+        report=data_report(cfg.source, pool, splits, method, normalizer, sampled),
+        runtime_report=getattr(pool.samples, "runtime_failures", None),
     )
 
 
@@ -260,26 +269,45 @@ def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
     return random_split(pool.labels, n, cfg.val_fraction, cfg.test_fraction, seed)
 
 
-def stats_batches(pool: Pool, train: np.ndarray) -> Iterator[torch.Tensor]:
-    """Raw train samples in batches: all of them when in memory, else at most MAX_STATS_SAMPLES."""
+def stats_sample(train: np.ndarray, seed: int) -> np.ndarray:
+    """The train indices normalization is fitted on: all of them, or MAX_STATS_SAMPLES drawn at random without
+    replacement by a generator seeded with `seed` (the same in every process and run), in index order."""
+    if len(train) <= MAX_STATS_SAMPLES:
+        return train
+    return np.sort(np.random.default_rng(seed).choice(train, MAX_STATS_SAMPLES, replace=False))
+
+
+def stats_batches(pool: Pool, train: np.ndarray, seed: int, sampled: dict[str, Any]) -> Iterator[torch.Tensor]:
+    """Raw train samples in batches: all of them when in memory, else `stats_sample`'s (a sample that cannot be
+    read is skipped). `sampled` gets what was looked at (lazy samples only): samples, of, seed, unreadable."""
     samples = pool.samples
     if isinstance(samples, TensorSamples):
         yield samples.x[torch.as_tensor(train)]
         return
-    if len(train) > MAX_STATS_SAMPLES:  # evenly spaced: deterministic and covers the whole split
-        train = train[np.linspace(0, len(train) - 1, MAX_STATS_SAMPLES).astype(np.int64)]
-    for start in range(0, len(train), STATS_CHUNK):
-        yield torch.stack([samples[int(i)][0] for i in train[start : start + STATS_CHUNK]])
+    chosen = stats_sample(train, seed)
+    sampled.update(samples=len(chosen), of=len(train), seed=seed, unreadable=0)
+    for start in range(0, len(chosen), STATS_CHUNK):
+        batch = []
+        for i in chosen[start : start + STATS_CHUNK]:
+            try:
+                batch.append(samples[int(i)][0])
+            except SampleUnreadable:
+                sampled["unreadable"] += 1
+        if batch:
+            yield torch.stack(batch)
 
 
-def fit_pool_normalizer(pool: Pool, train: np.ndarray, kind: str) -> Normalizer:
+def fit_pool_normalizer(pool: Pool, train: np.ndarray, kind: str, seed: int = 0,
+                        sampled: Optional[dict[str, Any]] = None) -> Normalizer:
     if kind == "none":
         return identity()
-    return fit_normalizer(kind, stats_batches(pool, train), pool.info.modality)
+    return fit_normalizer(kind, stats_batches(pool, train, seed, {} if sampled is None else sampled),
+                          pool.info.modality)
 
 
 def data_report(
-    source: str, pool: Pool, splits: Splits, method: str, normalizer: Normalizer
+    source: str, pool: Pool, splits: Splits, method: str, normalizer: Normalizer,
+    sampled: Optional[dict[str, Any]] = None,
 ) -> dict[str, Any]:
     """The JSON-able content of data_report.json."""
     report: dict[str, Any] = {
@@ -296,6 +324,8 @@ def data_report(
             name: class_counts(pool.labels[idx], pool.info.class_names) for name, idx in splits.items()
         }
     report["normalization"] = normalizer.to_json()
+    if sampled:  # which train samples the statistics come from
+        report["normalization"]["sample"] = dict(sampled)
     feature_names = pool.preprocess.get("feature_names")
     if feature_names and normalizer.kind != "none":
         report["normalization"]["constant_feature_names"] = [

@@ -18,6 +18,11 @@ DROP_REASONS = ("duplicate", "corrupt", "nonfinite", "bad_label", "empty_text")
 MAX_DROP_EXAMPLES = 5
 
 
+class SampleUnreadable(Exception):
+    """Sample i could not be read after all (an image file that fails to decode at run time): the datasets take
+    another sample of the same split in its place, so batches keep their size. The message names the file."""
+
+
 class Samples(Protocol):
     def __len__(self) -> int: ...
 
@@ -108,3 +113,4 @@ class Pool:
     test_indices: Optional[np.ndarray] = None  # the dataset's own test split, when it has one
     notes: dict[str, Any] = field(default_factory=dict)  # extra JSON-able facts for the data report
     rows_kept: Optional[int] = None  # records kept, where samples are not records (chat: packed windows)
+    failed_before: Optional[np.ndarray] = None  # samples an earlier run could not read: dropped before the split

@@ -3,6 +3,7 @@
     s = summarize(bundle.report)
     console.print(s.line)                     # data: 1,202 rows read, 1,071 kept, dropped 131 (...); splits ...
     for w in s.warnings: console.print(w)     # in yellow
+    for n in s.notes: console.print(n)        # e.g. data: manifest reused: 20,000 files unchanged (...)
     json_result["data"] = s.counts            # --json: the same numbers
 
 A pure function of the report dict (`trainforge.data.pipeline.data_report`), so it also works on a
@@ -28,6 +29,7 @@ class DataSummary:
     line: str  # one line: rows read, kept, dropped by reason, split sizes
     warnings: tuple[str, ...]  # one line each, to print highlighted; empty for clean data
     counts: dict[str, Any]  # JSON-able: rows_read, rows_kept, dropped {reason: n}, dropped_total, splits, warnings
+    notes: tuple[str, ...] = ()  # further plain lines: what the folder's manifest saved or found
 
 
 def summarize(report: Mapping[str, Any]) -> DataSummary:
@@ -49,7 +51,35 @@ def summarize(report: Mapping[str, Any]) -> DataSummary:
     chat = report.get("chat")
     if isinstance(chat, Mapping) and "loss_token_share" in chat:  # chat data: what share of its tokens is learned
         counts["loss_token_share"] = float(chat["loss_token_share"])
-    return DataSummary(line=_line(read, kept, dropped, splits) + _chat(chat), warnings=warnings, counts=counts)
+    manifest = report.get("manifest")
+    notes = (manifest_line(manifest),) if isinstance(manifest, Mapping) else ()
+    if notes:
+        counts["manifest"] = {k: manifest.get(k) for k in ("status", "files", "new", "changed", "removed", "read")}
+    return DataSummary(line=_line(read, kept, dropped, splits) + _chat(chat), warnings=warnings, counts=counts,
+                       notes=notes)
+
+
+def manifest_line(m: Mapping[str, Any]) -> str:
+    """What this process's look at an image folder's manifest did: reused it, or read which files."""
+    files, status = int(m.get("files", 0)), m.get("status")
+    changes = f"{int(m.get('new', 0)):,} new, {int(m.get('changed', 0)):,} changed, {int(m.get('removed', 0)):,} removed"
+    if status == "reused":
+        return f"data: manifest reused: {files:,} files, none read ({m.get('path')})"
+    if status == "uncached":
+        return f"data: no manifest (its folder is not writable): all {files:,} files read"
+    why = f" ({m['rebuilt_because']})" if status == "rebuilt" and m.get("rebuilt_because") else ""
+    return (f"data: manifest {status}{why}: {files:,} files, {changes}; read {int(m.get('read', 0)):,} "
+            f"({m.get('path')})")
+
+
+def runtime_line(found: Mapping[str, Any]) -> str:
+    """The end-of-run line about files that failed to decode while training ("" when none did)."""
+    n = int(found.get("decode_failed", 0))
+    if not n:
+        return ""
+    examples = ", ".join(_name(e) for e in found.get("examples", []))
+    return (f"data: {n:,} file(s) failed to decode during the run and were replaced by other samples of their split "
+            f"(e.g. {examples}); the next run drops them before splitting (data_report.json: dropped_at_run_time)")
 
 
 def _reasons(dropped: Mapping[str, int]) -> str:

@@ -79,7 +79,7 @@ def check_run(cfg: Config, *, nproc_per_node: int, nnodes: str) -> None:
                 raise
             raise UserError(f"{e} (at {nodes} node{'s' if nodes > 1 else ''} x {nproc_per_node} processes, "
                             f"which --nnodes {nnodes} allows)") from None
-    data = build_data(cfg.data, seed=cfg.seed)
+    data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # the workers fit the statistics
     if tc.early_stopping is not None:
         check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
     try:

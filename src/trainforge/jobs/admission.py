@@ -127,7 +127,7 @@ def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitt
         raise UserError(f"--gpus: train.global_batch_size ({global_batch}) does not divide over {num_gpus} GPUs; "
                         "change one of them", public=True)
     try:
-        data = build_data(cfg.data, seed=cfg.seed)
+        data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # shapes and sizes: nothing decoded
         setup = job_setup(cfg, num_gpus, slots[0].kind, max(capacity.values()), data)
     except UserError as e:
         raise UserError(str(e), public=public_message(e)) from None

@@ -90,7 +90,7 @@ class Planner:
     def __init__(self, cfg: Config, info: Optional[DataInfo] = None, steps: Optional[int] = None, *,
                  quantize: Optional[str] = None, unquantized: Optional["Planner"] = None) -> None:
         if info is None or steps is None:
-            data = build_data(cfg.data, seed=cfg.seed)
+            data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # shapes and sizes: nothing decoded
             info = data.info
             steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
         self.cfg, self.info, self.steps = cfg, info, steps

@@ -33,6 +33,7 @@ from torch import nn
 from trainforge.config import Config
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.loader import TrainBatches, make_eval_loader
+from trainforge.data.summary import runtime_line
 from trainforge.data.tokenizer import save_tokenizer
 from trainforge.distributed.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.errors import JobFailed
@@ -51,7 +52,7 @@ from trainforge.training.losses import task_loss
 from trainforge.training.metrics import MetricsLog, NullLog, Window, truncate_metrics
 from trainforge.training.optim import build_optimizer, set_lr
 from trainforge.training.precision import autocast, make_scaler
-from trainforge.training.progress import TrainProgress
+from trainforge.training.progress import TrainProgress, announce_line
 from trainforge.training.rng import get_rng_state, seed_everything
 from trainforge.training.schedule import lr_at
 from trainforge.training.setup import DataFacts, OOMNote, RunSetup, resolve
@@ -391,6 +392,11 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)
     result.eval = {"split": "test", "step": final_step, **test}
     write_text_atomic(run_dir / "eval.json", json.dumps(result.eval, indent=1))
+    if inputs.data.runtime_report is not None:  # image files that failed to decode in any rank or worker
+        found = inputs.data.runtime_report()
+        report = {**inputs.data.report, "dropped_at_run_time": found}
+        write_text_atomic(run_dir / "data_report.json", json.dumps(report, indent=1))
+        announce_line(runtime_line(found))
     write_report(run_dir)
 
 

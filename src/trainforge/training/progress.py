@@ -17,6 +17,14 @@ def announce_data(summary: DataSummary) -> None:
     console.print(escape(summary.line), highlight=False, soft_wrap=True)
     for warning in summary.warnings:
         console.print(f"[yellow]warning: {escape(warning)}[/yellow]", highlight=False, soft_wrap=True)
+    for note in summary.notes:
+        announce_line(note)
+
+
+def announce_line(line: str) -> None:
+    """One plain line on the console (nothing for "")."""
+    if line:
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 class TrainProgress:

@@ -102,7 +102,7 @@ def tune(
 
     check_names(cfg)
     base = cfg.model_dump(mode="json")
-    info = build_data(cfg.data, seed=cfg.seed).info
+    info = build_data(cfg.data, seed=cfg.seed, fit_stats=False).info
     space_params = load_space(space, base, info)
     metric = metric or DEFAULT_METRIC[info.task]
     check_metric(metric, info.task, "--metric")

@@ -1,32 +1,35 @@
 """`imagefolder`: a folder with one subfolder per class of image files.
 
-Every image file is read once at build time: exact duplicates (SHA-256 of the file bytes) and
-files that do not decode completely are dropped and counted. Pixels are then loaded lazily, per
-sample, resized to image_size x image_size, as float32 in [0, 1] (under `data.normalize: model`: resized
-and cropped as the pretrained model expects, image_size unused).
+The folder's scan is remembered in a manifest (`trainforge.data.manifest`): the first run reads each file
+once (SHA-256 for duplicates, the header, a decode only of files that may be cut short), later runs, resumes,
+`plan`, tune trials and the job admission read again only files whose size or mtime changed. Exact duplicates
+and files that do not open (or are cut short) are dropped and counted. Pixels are loaded lazily, per sample,
+resized to image_size x image_size, as float32 in [0, 1] (under `data.normalize: model`: resized and cropped as
+the pretrained model expects, image_size unused). A file that still fails to decode then is replaced by
+another sample of its split (`SampleUnreadable`), recorded beside the manifest (from any process, DataLoader
+workers included), counted in data_report.json at the end of the run, and dropped by the next run before
+its split.
 """
 from __future__ import annotations
 
-import hashlib
-import io
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
-from PIL import Image
 from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.image_preprocess import ImagePreprocess
 from trainforge.data.imageio import read_image, read_model_image
-from trainforge.data.pool import DropLog, Pool
+from trainforge.data.manifest import CORRUPT, DECODE_FAILED, IMAGE_SUFFIXES, OK, FailureLog, folder_manifest
+from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
 from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+__all__ = ["IMAGE_SUFFIXES", "ImageFiles", "imagefolder", "load_image"]
 
 
 def load_image(path: str, image_size: int, grayscale: bool) -> torch.Tensor:
@@ -34,52 +37,58 @@ def load_image(path: str, image_size: int, grayscale: bool) -> torch.Tensor:
     return torch.from_numpy(read_image(path, image_size, grayscale))
 
 
-def decodes(data: bytes) -> bool:
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()  # full decode: catches truncated files that Image.verify() lets through
-        return True
-    except Exception:  # PIL raises many types (OSError, SyntaxError, ValueError ...) for bad files
-        return False
-
-
 class ImageFiles:
-    def __init__(self, paths: list[str], labels: np.ndarray, image_size: int, grayscale: bool,
-                 preprocess: Optional[ImagePreprocess] = None) -> None:
-        self.paths, self.labels, self.image_size, self.grayscale = paths, labels, image_size, grayscale
-        self.preprocess = preprocess
+    """The kept image files: `paths[i]` (absolute), `ids[i]` (relative to the folder, as in the report),
+    `stamps[i]` (size_bytes, mtime_ns when scanned). Sample i is decoded when asked for."""
+
+    def __init__(self, root: str, ids: list[str], labels: np.ndarray, stamps: np.ndarray, image_size: int,
+                 grayscale: bool, preprocess: Optional[ImagePreprocess] = None,
+                 failures: Optional[FailureLog] = None) -> None:
+        self.root, self.ids, self.labels, self.stamps = root, ids, labels, stamps
+        self.paths = [f"{root}/{rel}" for rel in ids]
+        self.image_size, self.grayscale, self.preprocess, self.failures = image_size, grayscale, preprocess, failures
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         path = self.paths[index]
-        if self.preprocess is None:
-            x = load_image(path, self.image_size, self.grayscale)
-        else:
-            x = torch.from_numpy(read_model_image(path, self.preprocess, self.grayscale))
+        try:
+            if self.preprocess is None:
+                x = load_image(path, self.image_size, self.grayscale)
+            else:
+                x = torch.from_numpy(read_model_image(path, self.preprocess, self.grayscale))
+        except Exception as e:  # PIL raises many types (OSError, SyntaxError, ValueError ...) for bad files
+            if self.failures is not None:
+                size, mtime = (int(v) for v in self.stamps[index])
+                self.failures.record(self.ids[index], size, mtime, f"{type(e).__name__}: {e}")
+            raise SampleUnreadable(self.ids[index]) from e
         return x, torch.tensor(int(self.labels[index]))
+
+    def _with(self, **changes: Any) -> "ImageFiles":
+        fields = {"root": self.root, "ids": self.ids, "labels": self.labels, "stamps": self.stamps,
+                  "image_size": self.image_size, "grayscale": self.grayscale, "preprocess": self.preprocess,
+                  "failures": self.failures, **changes}
+        return ImageFiles(**fields)
 
     def with_image_preprocess(self, preprocess: ImagePreprocess) -> "ImageFiles":
         """The same files, each read as the pretrained model expects (from the file, with Pillow, as predict does)."""
-        return ImageFiles(self.paths, self.labels, self.image_size, self.grayscale, preprocess)
+        return self._with(preprocess=preprocess)
+
+    def subset(self, keep: np.ndarray) -> "ImageFiles":
+        return self._with(ids=[self.ids[i] for i in keep], labels=self.labels[keep], stamps=self.stamps[keep])
+
+    def runtime_failures(self) -> dict[str, Any]:
+        """Files of this data that failed to decode at run time (in any process that recorded them), with examples."""
+        failed = self.failures.failed() if self.failures is not None else {}
+        hits = [rel for rel, (size, mtime) in zip(self.ids, self.stamps.tolist())
+                if failed.get(rel) == (size, mtime)]
+        return {"decode_failed": len(hits), "examples": hits[:MAX_DROP_EXAMPLES]}
 
 
 class ImageFolderArgs(SourceArgs):
     image_size: int = Field(32, gt=0)
     grayscale: bool = False
-
-
-def scan(root: Path) -> tuple[list[str], list[tuple[Path, int]]]:
-    """Class names (sorted subfolder names) and (file, class) pairs in sorted order; hidden files skipped."""
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    files = [
-        (f, label)
-        for label, name in enumerate(classes)
-        for f in sorted((root / name).rglob("*"))
-        if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES and not f.name.startswith(".")
-    ]
-    return classes, files
 
 
 @SOURCES.register("imagefolder")
@@ -90,39 +99,42 @@ def imagefolder(cfg: DataConfig, *, seed: int) -> Pool:
     if not root.is_dir():
         raise UserError(f"data.path: {root} is a file; point it at a folder with one subfolder of images per class",
                         public=True)
-    classes, files = scan(root)
-    if len(classes) < 2:
-        raise UserError(f"data.path: {root} has {len(classes)} class subfolder(s); need at least 2 (one per class)",
-                        public=True)
-    check_found([f for f, _ in files], root, "data.path")
+    scan = folder_manifest(root)
+    if len(scan.classes) < 2:
+        raise UserError(f"data.path: {root} has {len(scan.classes)} class subfolder(s); need at least 2 (one per "
+                        "class)", public=True)
+    check_found([root / f.path for f in scan.files], root, "data.path")
     drops, seen = DropLog(), set()
-    paths, labels = [], []
-    for path, label in files:
-        ident = path.relative_to(root).as_posix()
-        try:
-            data = path.read_bytes()
-        except OSError:  # unreadable (permissions, vanished): dropped like a file that does not decode
-            drops.drop("corrupt", ident)
+    kept, failed_before = [], []
+    for f in scan.files:
+        if not f.sha256:  # unreadable (permissions, vanished): dropped like a file that does not decode
+            drops.drop("corrupt", f.path)
             continue
-        digest = hashlib.sha256(data).digest()
-        if cfg.clean.dedup and digest in seen:
-            drops.drop("duplicate", ident)
+        if cfg.clean.dedup and f.sha256 in seen:
+            drops.drop("duplicate", f.path)
             continue
-        seen.add(digest)
-        if not decodes(data):
-            drops.drop("corrupt", ident)
+        seen.add(f.sha256)
+        if f.verdict == CORRUPT:
+            drops.drop("corrupt", f.path)
             continue
-        paths.append(str(path))
-        labels.append(label)
-    label_array = np.asarray(labels, dtype=np.int64)
+        assert f.verdict in (OK, DECODE_FAILED), f.verdict
+        if f.verdict == DECODE_FAILED:  # an earlier run could not decode it: the pipeline drops it before the split
+            failed_before.append(len(kept))
+        kept.append(f)
+    labels = np.asarray([f.label for f in kept], dtype=np.int64)
+    stamps = np.asarray([(f.size_bytes, f.mtime_ns) for f in kept], dtype=np.int64).reshape(-1, 2)
     channels = 1 if a.grayscale else 3
     shape = (channels, a.image_size, a.image_size)
-    info = DataInfo("classification", "image", shape, "float32", len(classes), tuple(classes))
+    info = DataInfo("classification", "image", shape, "float32", len(scan.classes), tuple(scan.classes))
+    samples = ImageFiles(str(root), [f.path for f in kept], labels, stamps, a.image_size, a.grayscale,
+                         failures=scan.failures)
     return Pool(
         info,
-        ImageFiles(paths, label_array, a.image_size, a.grayscale),
-        labels=label_array,
-        rows_read=len(files),
+        samples,
+        labels=labels,
+        rows_read=len(scan.files),
         drops=drops,
         preprocess={"image_size": a.image_size, "channels": channels, "grayscale": a.grayscale},
+        notes={"manifest": scan.report},
+        failed_before=np.asarray(failed_before, dtype=np.int64),
     )
