@@ -7,6 +7,9 @@
 The text goes to a temporary file beside the target (unique per process and thread), is flushed and
 fsynced, renamed over the target, and the directory is fsynced so the rename itself survives a power
 loss. Standard library only: `trainforge predict` runs where torch is absent.
+
+`trainforge_home()` is where trainforge keeps what it computes once per machine (calibration factors, token
+shards): `$TRAINFORGE_HOME`, default `~/.cache/trainforge`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,12 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+
+HOME_ENV = "TRAINFORGE_HOME"
+
+
+def trainforge_home() -> Path:
+    return Path(os.environ.get(HOME_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "trainforge"))
 
 
 def fsync_file(path: Path) -> None:

@@ -10,18 +10,16 @@ runs real steps through the training loop, writes them here; nothing below `cali
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
-from trainforge.files import write_text_atomic
+from trainforge.files import HOME_ENV, trainforge_home, write_text_atomic
 
-HOME_ENV = "TRAINFORGE_HOME"
+__all__ = ["HOME_ENV", "calibration_path", "load_calibration", "save_calibration", "describe"]
 
 
 def calibration_path() -> Path:
-    home = os.environ.get(HOME_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "trainforge")
-    return Path(home) / "calibration.json"
+    return trainforge_home() / "calibration.json"
 
 
 def load_calibration() -> dict[str, dict[str, Any]]:
