@@ -1,7 +1,9 @@
 """Fixtures shared across test folders."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -9,9 +11,10 @@ import pytest
 # Nothing downloads at test time: the Hugging Face libraries never ask the hub, here and in every process the
 # tests start (pretrained models are tiny ones the tests save locally).
 os.environ["HF_HUB_OFFLINE"] = "1"
-# What trainforge remembers between runs (folder manifests, calibration factors) goes to a fresh folder, here and in
-# every process the tests start: never the user's ~/.cache/trainforge.
-os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="trainforge-home-")
+# What trainforge computes once per machine (token shards, calibration) goes to a home of the test session, never
+# to the user's ~/.cache/trainforge; tests that need their own set TRAINFORGE_HOME themselves.
+os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="trainforge-test-home-")
+atexit.register(shutil.rmtree, os.environ["TRAINFORGE_HOME"], ignore_errors=True)
 
 from postgres_server import Postgres, postgres_bin
 

@@ -6,6 +6,7 @@
     trainforge eval runs/lm --split test --json
     trainforge generate runs/lm "def main(" --max-new-tokens 64
     trainforge recipes
+    trainforge data prepare recipes/charlm_gpt.yaml   # tokenize the corpus into token shards once, before training
 
 Exit codes: 0 success, 1 the job failed (e.g. diverged), 2 bad input (one line naming the field or
 file and the fix).
@@ -252,6 +253,40 @@ def launch(
     except OSError as e:
         raise UserError(f"--out: cannot write {out_file} ({e.strerror})") from None
     err.print(f"wrote {out_file}")
+
+
+data_app = typer.Typer(no_args_is_help=True, help="Prepare a recipe's data before training (token shards).")
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("prepare")
+def data_prepare(
+    recipe: str = typer.Argument(..., help="Recipe YAML path or built-in name."),
+    overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. data.path=corpus/"),
+    data_format: str = typer.Option("tokens", "--format", help="tokens: memory-mapped token shards of an LM corpus."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Prepare again even when the prepared data is ready."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Tokenizing processes (default: one per CPU)."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+) -> None:
+    """Tokenize the recipe's corpus once into token shards ($TRAINFORGE_HOME/tokens/), which every run then reads.
+
+    Runs do it on first use too; preparing ahead moves the work (e.g. to a CPU node) and shows its progress."""
+    from trainforge.data.prepare import prepare_data  # heavy (torch): the CLI starts fast without it
+
+    cfg = load_config(recipe, overrides or [])
+    result = prepare_data(cfg.data, seed=cfg.seed, data_format=data_format, rebuild=rebuild, workers=workers)
+    if as_json:
+        print_json(result)
+        return
+    table = Table(title=f"token shards of {result['corpus']}" + (" (ready, reused)" if result["reused"] else ""),
+                  show_header=False)
+    table.add_row("directory", result["directory"])
+    table.add_row("shards", f"{result['shards']:,} ({result['dtype']})")
+    table.add_row("tokens", f"{result['tokens']:,} ({result['tokenizer']})")
+    table.add_row("bytes", f"{result['bytes']:,} from {result['corpus_bytes']:,} corpus bytes in "
+                  f"{result['corpus_files']:,} file(s)")
+    table.add_row("time", f"{result['prepared_s']:.1f} s" + (" (when prepared)" if result["reused"] else ""))
+    out.print(table)
 
 
 @app.command()

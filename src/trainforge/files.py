@@ -9,7 +9,7 @@ fsynced, renamed over the target, and the directory is fsynced so the rename its
 loss. Standard library only: `trainforge predict` runs where torch is absent.
 
 `trainforge_home()` is the per-user folder of what trainforge remembers between runs (calibration factors,
-folder manifests): `$TRAINFORGE_HOME`, default `~/.cache/trainforge`.
+folder manifests, token shards): `$TRAINFORGE_HOME`, default `~/.cache/trainforge`.
 """
 from __future__ import annotations
 

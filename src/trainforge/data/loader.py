@@ -89,10 +89,10 @@ class PositionBatchSampler(Sampler[list[Key]]):
 
     def __iter__(self) -> Iterator[list[Key]]:
         epoch, micro = self.epoch, self.micro_batch_size
-        order = epoch_order(self.num_samples, self.seed, epoch)[: self.samples_per_epoch].tolist()
-        first = self.start_sample + self.rank * micro
+        order = epoch_order(self.num_samples, self.seed, epoch)  # a tensor: a list of a large corpus' windows
+        first = self.start_sample + self.rank * micro           # would cost ~40 bytes each
         for start in range(first, self.samples_per_epoch, micro * self.world_size):
-            yield [(epoch, i) for i in order[start : start + micro]]
+            yield [(epoch, i) for i in order[start : start + micro].tolist()]
 
 
 def ignore_stop_signals(worker_id: int) -> None:

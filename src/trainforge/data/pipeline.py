@@ -25,9 +25,19 @@ from trainforge.data.normalize import Normalizer, fit_normalizer, identity, mode
 from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
 from trainforge.data.sources.chat import ChatExamples, ChatTokens, pack_chat, tokenize_chat
-from trainforge.data.sources.textfile import ByteWindows
+from trainforge.data.shards import (
+    BPE_TRAIN_MAX_BYTES,
+    Corpus,
+    RawBytes,
+    Subword,
+    TokenShards,
+    prepare_shards,
+    trained_once,
+)
+from trainforge.data.sources.textfile import TokenWindows
 from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
 from trainforge.data.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
+from trainforge.data.text import RAW_BYTES_VOCAB_SIZE
 from trainforge.errors import UserError
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
@@ -57,9 +67,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         pool = clean_tensor_pool(pool, cfg.clean)
     elif isinstance(pool.samples, TextSamples):
         pool = clean_text_pool(pool, cfg.clean)
-    elif isinstance(pool.samples, TextCorpus):  # the windows exist only once the corpus is tokenized
-        corpus = pool.samples
-        pool = tokenize_corpus(pool, choose_tokenizer(cfg, lambda: train_prefix(corpus, cfg), stored))
+    elif isinstance(pool.samples, TextCorpus):  # the windows exist only once the corpus is tokenized (into shards)
+        pool = tokenize_corpus(pool, cfg, stored)
     elif isinstance(pool.samples, ChatExamples):  # rendered and tokenized whole: too-long ones dropped before the split
         pool = tokenize_chat(pool, choose_tokenizer(cfg, lambda: [], stored), stored)
     if pool.failed_before is not None:  # files an earlier run could not decode (image folders)
@@ -129,19 +138,6 @@ def choose_tokenizer(cfg: DataConfig, train_texts: Callable[[], Iterable[str]],
     return train_bpe(train_texts(), vocab_size=a.vocab_size, min_frequency=a.min_frequency)
 
 
-def train_prefix(corpus: TextCorpus, cfg: DataConfig) -> list[str]:
-    """The corpus' leading (1 - val - test) share of characters: the text the contiguous split trains on."""
-    total = sum(len(d) for d in corpus.documents)
-    budget = int(total * (1 - cfg.val_fraction - cfg.test_fraction))
-    out = []
-    for doc in corpus.documents:
-        if budget <= 0:
-            break
-        out.append(doc[:budget])
-        budget -= len(doc)
-    return out
-
-
 def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
     """TextSamples -> TensorSamples of (seq_len,) token ids; info gets the tokenizer's vocabulary and padding."""
     samples = pool.samples
@@ -155,20 +151,40 @@ def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
     return pool
 
 
-def tokenize_corpus(pool: Pool, tok: TextTokenizer) -> Pool:
-    corpus = pool.samples
-    assert isinstance(corpus, TextCorpus)
-    ids = torch.from_numpy(tok.encode_stream(corpus.documents))
-    windows = ByteWindows(ids, corpus.block_size)
+def tokenize_corpus(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
+    """TextCorpus -> windows read from its token shards (data/shards.py: tokenized once per corpus and tokenizer,
+    reused by every later run; no copy of the corpus in this process)."""
+    text = pool.samples
+    assert isinstance(text, TextCorpus)
+    tok = corpus_tokenizer(cfg, text.corpus, stored)
+    index = prepare_shards(text.corpus, RawBytes() if tok is None else Subword.of(tok))
+    windows = TokenWindows(TokenShards(index), text.block_size)
     if len(windows) == 0:
-        raise UserError(f"data.path: the corpus has {len(ids)} tokens, less than one window of data.args.block_size "
-                        f"+ 1 = {corpus.block_size + 1}; lower data.args.block_size or add text", public=True)
-    vocab = tok.vocab_size
+        raise UserError(f"data.path: the corpus has {index.tokens} tokens, less than one window of data.args.block_size "
+                        f"+ 1 = {text.block_size + 1}; lower data.args.block_size or add text", public=True)
+    vocab = RAW_BYTES_VOCAB_SIZE if tok is None else tok.vocab_size
     pool.samples, pool.rows_read = windows, len(windows)
     pool.info = replace(pool.info, num_classes=vocab, vocab_size=vocab)
-    pool.preprocess = {**pool.preprocess, **tok.to_preprocess()}
-    pool.notes = {**pool.notes, "tokenizer": tokenizer_note(tok, {"corpus_tokens": len(ids)})}
+    pool.preprocess = {**pool.preprocess, **({"tokenizer": "raw_bytes", "vocab_size": vocab} if tok is None
+                                             else tok.to_preprocess())}
+    pool.notes = {**pool.notes, "corpus_files": index.corpus_files, "corpus_bytes": index.corpus_bytes,
+                  "token_shards": index.summary()}
+    if tok is not None:
+        pool.notes["tokenizer"] = tokenizer_note(tok, {"corpus_tokens": index.tokens})
     return pool
+
+
+def corpus_tokenizer(cfg: DataConfig, corpus: Corpus, stored: Optional[dict[str, Any]]) -> Optional[TextTokenizer]:
+    """None for raw bytes; else the stored tokenizer, the model's, or a BPE trained once per corpus on the text the
+    contiguous split trains on (its leading share) and reused from then on."""
+    if not is_stored(stored) and cfg.tokenizer not in ("model", "bpe"):
+        return None
+    share = 1 - cfg.val_fraction - cfg.test_fraction
+    choose = lambda: choose_tokenizer(cfg, lambda: corpus.train_texts(share), stored)  # noqa: E731
+    if is_stored(stored) or cfg.tokenizer == "model":
+        return choose()
+    settings = {"bpe": cfg.tokenizer_args.model_dump(), "train_share": share, "max_bytes": BPE_TRAIN_MAX_BYTES}
+    return trained_once(corpus, settings, choose)
 
 
 def tokenizer_note(tok: TextTokenizer, extra: dict[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from trainforge.data.base import DataInfo
+from trainforge.data.shards import Corpus
 
 DROP_REASONS = ("duplicate", "corrupt", "nonfinite", "bad_label", "empty_text")
 MAX_DROP_EXAMPLES = 5
@@ -68,14 +69,15 @@ class TextSamples:
 
 
 class TextCorpus:
-    """A language-modelling corpus before tokenization (`data.tokenizer: model | bpe`): its documents (one per
-    file) in order; the pipeline tokenizes them into one stream and cuts `block_size + 1` windows."""
+    """A language-modelling corpus before tokenization: `corpus` says what to read (data/shards.py: text files, or
+    the text column of data files); the pipeline tokenizes it once into memory-mapped token shards and cuts
+    `block_size + 1` windows."""
 
-    def __init__(self, documents: list[str], block_size: int) -> None:
-        self.documents, self.block_size = documents, block_size
+    def __init__(self, corpus: Corpus, block_size: int) -> None:
+        self.corpus, self.block_size = corpus, block_size
 
     def __len__(self) -> int:
-        return len(self.documents)
+        return 0  # no sample before it is tokenized
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError("a TextCorpus is tokenized by the pipeline before it is read")

@@ -5,6 +5,7 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     chat,
     custom,
     digits,
+    hf_datasets,
     imagefolder,
     jsonl,
     synthetic,

@@ -12,7 +12,7 @@ import csv
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import torch
 from pydantic import Field
@@ -44,17 +44,33 @@ class JsonlArgs(SourceArgs):
 def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: a .jsonl file; args text_field, label_field, classes (optional), seq_len (128)."""
     a = parse_args(JsonlArgs, cfg)
-    subword = cfg.tokenizer in ("model", "bpe")
-    if cfg.tokenizer == "raw_bytes":
-        raise UserError("data.tokenizer: raw_bytes is for language modelling (textfile); a jsonl classifier "
-                        "takes bytes, model or bpe", public=True)
+    check_classification_tokenizer(cfg, "a jsonl classifier")
     path = require_path(cfg, "a JSONL file with one {text, label} object per line (or a CSV with a header)")
     if not path.is_file():
         raise UserError(f"data.path: {path} is a folder; point it at a JSONL or CSV file", public=True)
+    no_text = None
+    if path.suffix.lower() in DELIMITERS:
+        no_text = (f"data.path: no row of {path} has a text in column {a.text_field!r}; name the text and label "
+                   "columns with data.args.text_field and data.args.label_field")
+    return records_pool(cfg, read_records(path, a), a, no_text=no_text)
+
+
+def check_classification_tokenizer(cfg: DataConfig, what: str) -> None:
+    if cfg.tokenizer == "raw_bytes":
+        raise UserError(f"data.tokenizer: raw_bytes is for language modelling (textfile); {what} takes bytes, model "
+                        "or bpe", public=True)
+
+
+def records_pool(cfg: DataConfig, records: Iterable[tuple[str, Optional[Any]]], a: JsonlArgs, *,
+                 no_text: Optional[str] = None) -> Pool:
+    """Text-classification samples from (where, record) pairs (a record: a dict with a text and a label field, or
+    None where a line is no record), byte-tokenized, or texts for the pipeline's subword tokenizer. `no_text`: the
+    error when records were read but none had a text."""
+    subword = cfg.tokenizer in ("model", "bpe")
     declared = class_names_for([], a.classes) if a.classes else None
     drops, unknown = DropLog(), Counter[str]()
     tokens, labels, ids = [], [], []
-    for ident, record in read_records(path, a):
+    for ident, record in records:
         if not isinstance(record, dict) or not isinstance(record.get(a.text_field), str):
             drops.drop("corrupt", ident)
             continue
@@ -72,9 +88,8 @@ def jsonl(cfg: DataConfig, *, seed: int) -> Pool:
         labels.append(label)
         ids.append(ident)
 
-    if not ids and path.suffix.lower() in DELIMITERS and drops.total:
-        raise UserError(f"data.path: no row of {path} has a text in column {a.text_field!r}; name the text and label "
-                        "columns with data.args.text_field and data.args.label_field", public=True)
+    if not ids and no_text is not None and drops.total:
+        raise UserError(no_text, public=True)
     names = class_names_for(labels, declared)
     index = {name: i for i, name in enumerate(names)}
     y = torch.tensor([index[label] for label in labels], dtype=torch.int64)

@@ -1,7 +1,9 @@
-"""`textfile`: a byte-level language-modelling corpus cut into non-overlapping windows.
+"""`textfile`: a language-modelling corpus of text files, tokenized once into memory-mapped token shards.
 
-Window k is bytes[k*(B+1) : (k+1)*(B+1)] with B = block_size; x = w[:-1], y = w[1:], ids are the
-byte values (vocab 256, tokenizer "raw_bytes" in data/text.py). The pipeline splits windows into
+The files (sorted, cut at max_bytes) are tokenized into one stream (raw bytes: id = byte value, vocab 256,
+tokenizer "raw_bytes" in data/text.py; or data.tokenizer model | bpe, each file followed by the eos id) by
+data/shards.py, once per corpus and tokenizer, and read as non-overlapping windows: window k is
+tokens[k*(B+1) : (k+1)*(B+1)] with B = block_size; x = w[:-1], y = w[1:]. The pipeline splits windows into
 contiguous train/val/test ranges, so no val/test text is trained on.
 """
 from __future__ import annotations
@@ -17,8 +19,8 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool, TextCorpus
 from trainforge.data.roots import check_found
+from trainforge.data.shards import TextFiles, TokenShards
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
-from trainforge.data.text import RAW_BYTES_VOCAB_SIZE
 from trainforge.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")
@@ -31,20 +33,20 @@ class TextFileArgs(SourceArgs):
     max_bytes: Optional[int] = Field(None, gt=0)  # default: all of data.path; 2_000_000 for python_stdlib
 
 
-class ByteWindows:
-    """Windows of block_size + 1 over a 1-D tensor of ids (bytes, or a subword tokenizer's ids)."""
+class TokenWindows:
+    """Windows of block_size + 1 tokens over token shards, read on demand: the corpus is never in memory."""
 
-    def __init__(self, data: torch.Tensor, block_size: int) -> None:
-        self.data, self.block_size = data, block_size
+    def __init__(self, shards: TokenShards, block_size: int) -> None:
+        self.shards, self.block_size = shards, block_size
 
     def __len__(self) -> int:
-        return len(self.data) // (self.block_size + 1)
+        return self.shards.tokens // (self.block_size + 1)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not 0 <= index < len(self):
             raise IndexError(index)
         n = self.block_size + 1
-        w = self.data[index * n : (index + 1) * n].long()
+        w = torch.from_numpy(self.shards.read(index * n, (index + 1) * n))
         return w[:-1], w[1:]
 
 
@@ -66,19 +68,6 @@ def stdlib_files() -> list[Path]:
     return sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
 
 
-def read_corpus(files: list[Path], max_bytes: Optional[int]) -> tuple[bytes, int]:
-    """The files' bytes concatenated in order, cut at max_bytes; and how many files were read."""
-    chunks, size = [], 0
-    for f in files:
-        if max_bytes is not None and size >= max_bytes:
-            break
-        data = f.read_bytes()
-        chunks.append(data)
-        size += len(data)
-    corpus = b"".join(chunks)
-    return (corpus if max_bytes is None else corpus[:max_bytes]), len(chunks)
-
-
 @SOURCES.register("textfile")
 def textfile(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: a text file or folder (*.txt, *.md, *.py, sorted), or data.args.corpus=python_stdlib
@@ -87,51 +76,15 @@ def textfile(cfg: DataConfig, *, seed: int) -> Pool:
     if a.corpus is not None and cfg.path:
         raise UserError("data.args.corpus: set either data.path or data.args.corpus=python_stdlib, not both", public=True)
     if a.corpus == "python_stdlib":
-        files = stdlib_files()
-        corpus, files_read = read_corpus(files, a.max_bytes or STDLIB_MAX_BYTES)
-        origin = "python_stdlib"
+        corpus = TextFiles.of(stdlib_files(), a.max_bytes or STDLIB_MAX_BYTES, "python_stdlib")
     else:
         path = require_path(
             cfg, "a text file or a folder of .txt/.md/.py files (or set data.args.corpus=python_stdlib)"
         )
-        files = corpus_files(path)
-        corpus, files_read = read_corpus(files, a.max_bytes)
-        origin = str(path)
-    notes = {"corpus": origin, "corpus_files": files_read, "corpus_bytes": len(corpus)}
-    if cfg.tokenizer in ("model", "bpe"):  # the pipeline tokenizes the documents and cuts the windows
-        documents = corpus_documents(files, corpus)
-        info = DataInfo("lm", "text", (a.block_size,), "int64", 0, (), None, a.block_size)
-        return Pool(info, TextCorpus(documents, a.block_size), labels=None, rows_read=len(documents),
-                    preprocess={"seq_len": a.block_size}, notes=notes)
+        corpus = TextFiles.of(corpus_files(path), a.max_bytes, str(path))
     if cfg.tokenizer == "bytes":
         raise UserError("data.tokenizer: bytes is for classification (jsonl); a textfile corpus takes raw_bytes, "
                         "model or bpe", public=True)
-    windows = ByteWindows(torch.frombuffer(bytearray(corpus), dtype=torch.uint8), a.block_size)
-    if len(windows) == 0:
-        raise UserError(
-            f"data.path: the corpus has {len(corpus)} bytes, less than one window of "
-            f"data.args.block_size + 1 = {a.block_size + 1}; lower data.args.block_size or add text",
-            public=True,
-        )
-    vocab = RAW_BYTES_VOCAB_SIZE
-    info = DataInfo("lm", "text", (a.block_size,), "int64", vocab, (), vocab, a.block_size)
-    return Pool(
-        info,
-        windows,
-        labels=None,
-        rows_read=len(windows),
-        preprocess={"tokenizer": "raw_bytes", "vocab_size": RAW_BYTES_VOCAB_SIZE, "seq_len": a.block_size},
-        notes=notes,
-    )
-
-
-def corpus_documents(files: list[Path], corpus: bytes) -> list[str]:
-    """The corpus as text, one document per file read (cut where max_bytes cut the corpus)."""
-    documents, offset = [], 0
-    for f in files:
-        if offset >= len(corpus):
-            break
-        size = f.stat().st_size
-        documents.append(corpus[offset : offset + size].decode("utf-8", errors="replace"))
-        offset += size
-    return documents
+    info = DataInfo("lm", "text", (a.block_size,), "int64", 0, (), None, a.block_size)
+    return Pool(info, TextCorpus(corpus, a.block_size), labels=None, rows_read=0,
+                preprocess={"seq_len": a.block_size}, notes={"corpus": corpus.origin})
