@@ -40,6 +40,9 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benchmarks: one spread measure for all
+from loop_overhead import relative_iqr  # noqa: E402
+
 GOAL_RATIO = 1.0
 GOAL_STARTUP_FACTOR = 2.0  # cached scan within this factor of torchvision's listing
 NOISY_SPREAD = 0.10
@@ -187,13 +190,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     "torch": torch.__version__},
         "date": datetime.date.today().isoformat(),
     }
-
-
-def relative_iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return (q3 - q1) / statistics.median(values)
 
 
 def render(result: dict[str, Any]) -> str:
