@@ -147,7 +147,8 @@ class Inputs:
         ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]  # one document, eos after it
         n = cfg.data.args["block_size"] + 1
         windows = torch.tensor(ids[: len(ids) // n * n], dtype=torch.int64).view(-1, n)
-        stream = bundle.train.samples.data
+        shards = bundle.train.samples.shards  # the token shards trainforge prepared, read whole (a small corpus)
+        stream = torch.from_numpy(shards.read(0, shards.tokens)).long()
         assert torch.equal(stream, torch.tensor(ids)), "trainforge's token stream differs from AutoTokenizer's"
         rows = torch.as_tensor(bundle.train.indices)  # train position -> window of the stream
         assert len(rows) >= steps * batch_size, "bench sizes the corpus so that a run fits in one epoch"
