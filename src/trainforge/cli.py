@@ -255,7 +255,7 @@ def launch(
     err.print(f"wrote {out_file}")
 
 
-data_app = typer.Typer(no_args_is_help=True, help="Prepare a recipe's data before training (token shards).")
+data_app = typer.Typer(no_args_is_help=True, help="Prepare a recipe's data before training (token shards, WebDataset shards).")
 app.add_typer(data_app, name="data")
 
 
@@ -263,21 +263,29 @@ app.add_typer(data_app, name="data")
 def data_prepare(
     recipe: str = typer.Argument(..., help="Recipe YAML path or built-in name."),
     overrides: Optional[List[str]] = typer.Argument(None, help="KEY=VALUE overrides, e.g. data.path=corpus/"),
-    data_format: str = typer.Option("tokens", "--format", help="tokens: memory-mapped token shards of an LM corpus."),
+    data_format: str = typer.Option("tokens", "--format", help="tokens: memory-mapped token shards of an LM corpus; "
+                                    "webdataset: tar shards of an image folder, for data.source webdataset."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="webdataset: the directory to write the shards to."),
+    shard_samples: Optional[int] = typer.Option(None, "--shard-samples",
+                                                help="webdataset: samples per shard (default: about 256 MB each)."),
     rebuild: bool = typer.Option(False, "--rebuild", help="Prepare again even when the prepared data is ready."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="Tokenizing processes (default: one per CPU)."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="Processes (default: one per CPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
 ) -> None:
-    """Tokenize the recipe's corpus once into token shards ($TRAINFORGE_HOME/tokens/), which every run then reads.
-
-    Runs do it on first use too; preparing ahead moves the work (e.g. to a CPU node) and shows its progress."""
+    """Prepare the recipe's data once: token shards of a corpus ($TRAINFORGE_HOME/tokens/, which every run then
+    reads; runs do it on first use too), or WebDataset tar shards of an image folder (--out) for multi-node runs."""
     from trainforge.data.prepare import prepare_data  # heavy (torch): the CLI starts fast without it
 
     cfg = load_config(recipe, overrides or [])
-    result = prepare_data(cfg.data, seed=cfg.seed, data_format=data_format, rebuild=rebuild, workers=workers)
+    result = prepare_data(cfg.data, seed=cfg.seed, data_format=data_format, rebuild=rebuild, workers=workers,
+                          out=out_dir, shard_samples=shard_samples)
     if as_json:
         print_json(result)
         return
+    out.print(PREPARED_TABLES[data_format](result))
+
+
+def _token_table(result: dict) -> Table:
     table = Table(title=f"token shards of {result['corpus']}" + (" (ready, reused)" if result["reused"] else ""),
                   show_header=False)
     table.add_row("directory", result["directory"])
@@ -286,7 +294,23 @@ def data_prepare(
     table.add_row("bytes", f"{result['bytes']:,} from {result['corpus_bytes']:,} corpus bytes in "
                   f"{result['corpus_files']:,} file(s)")
     table.add_row("time", f"{result['prepared_s']:.1f} s" + (" (when prepared)" if result["reused"] else ""))
-    out.print(table)
+    return table
+
+
+def _webdataset_table(result: dict) -> Table:
+    table = Table(title=f"WebDataset shards in {result['directory']}" + (" (ready, reused)" if result["reused"] else ""),
+                  show_header=False)
+    for split in ("train", "val", "test"):
+        table.add_row(split, f"{result['samples'][split]:,} samples in {result['shards'][split]:,} shard(s)")
+    dropped = ", ".join(f"{k} {v:,}" for k, v in result["dropped"].items() if v) or "none"
+    table.add_row("read", f"{result['rows_read']:,} files, {result['classes']} classes; dropped: {dropped}")
+    table.add_row("bytes", f"{result['bytes']:,} ({result['shard_samples']:,} samples a shard)")
+    table.add_row("time", f"{result['prepared_s']:.1f} s" + (" (when prepared)" if result["reused"] else ""))
+    table.add_row("train with", f"data.source=webdataset data.path={result['directory']}")
+    return table
+
+
+PREPARED_TABLES = {"tokens": _token_table, "webdataset": _webdataset_table}
 
 
 @app.command()

@@ -14,7 +14,7 @@ from trainforge.errors import UnknownNameError, UserError
 
 EXPECTED_SOURCES = {
     "chat", "csv", "custom", "digits", "hf_datasets", "imagefolder", "jsonl", "synthetic_images", "synthetic_text",
-    "textfile", "torchvision",
+    "textfile", "torchvision", "webdataset",
 }
 
 

@@ -12,8 +12,9 @@ Iterating never advances the sampler by itself: call `set_position` before each 
 from __future__ import annotations
 
 import signal
-from typing import Iterator, Optional, Union
+from typing import Iterator, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -95,6 +96,72 @@ class PositionBatchSampler(Sampler[list[Key]]):
             yield [(epoch, i) for i in order[start : start + micro].tolist()]
 
 
+class ShardOrder:
+    """The train split stored as shards (`data.source: webdataset`): `sizes[k]` samples each, shard k holding
+    the consecutive train indices after shard k-1's. The order contract (docs/data.md, "Streaming"):
+
+    - epoch e permutes the shards with a generator seeded by (seed, e), the same permutation for any world size;
+    - rank r of W reads the shards at positions r, r+W, r+2W, ... of it: disjoint shards, whole shards;
+    - a shard's samples come in a permutation seeded by (seed, e, shard), the same for any world size and rank;
+    - every rank reads `rank_samples(W)` samples an epoch: the sum of the K // W smallest shards, which each
+      rank is sure to hold whatever the permutation (equal steps on all ranks); the rest of its shards waits
+      for the next epoch's permutation.
+
+    So a rank's sample stream is a pure function of (seed, epoch, rank, W): a run resumes at any position, with
+    any number of workers, by skipping whole shards and then part of one shard's permutation."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+
+    def rank_samples(self, world_size: int) -> int:
+        shards = len(self.sizes)
+        if shards < world_size:
+            raise UserError(f"data.path: the train split has {shards} shard(s), fewer than the {world_size} "
+                            "processes that would each read their own; prepare again with a smaller "
+                            "--shard-samples", public=True)
+        return int(np.sort(self.sizes)[: shards // world_size].sum())
+
+    def rank_shards(self, seed: int, epoch: int, rank: int, world_size: int) -> list[int]:
+        order = torch.randperm(len(self.sizes), generator=generator_for("shards", seed, epoch)).tolist()
+        return order[rank::world_size]
+
+    def stream(self, seed: int, epoch: int, rank: int, world_size: int, start: int = 0) -> Iterator[int]:
+        """Rank `rank`'s train indices for `epoch`, from its `start`-th sample on (past the end: its extra shards)."""
+        for k in self.rank_shards(seed, epoch, rank, world_size):
+            n = int(self.sizes[k])
+            if start >= n:
+                start -= n
+                continue
+            within = torch.randperm(n, generator=generator_for("in_shard", seed, epoch, k))[start:]
+            yield from (within + int(self.starts[k])).tolist()
+            start = 0
+
+
+class ShardBatchSampler(PositionBatchSampler):
+    """`PositionBatchSampler` for sharded data: each rank takes its micro-batches from its own shards, in the
+    order `ShardOrder` defines. A position (`set_position`) counts samples of all ranks together, as there."""
+
+    def __init__(self, order: ShardOrder, *, seed: int, micro_batch_size: int, global_batch_size: int,
+                 rank: int = 0, world_size: int = 1) -> None:
+        self.order = order
+        super().__init__(order.rank_samples(world_size) * world_size, seed=seed, micro_batch_size=micro_batch_size,
+                         global_batch_size=global_batch_size, rank=rank, world_size=world_size)
+
+    def __iter__(self) -> Iterator[list[Key]]:
+        epoch, micro = self.epoch, self.micro_batch_size
+        stream = self.order.stream(self.seed, epoch, self.rank, self.world_size, self.start_sample // self.world_size)
+        for _ in range(len(self)):
+            yield [(epoch, next(stream)) for _ in range(micro)]
+
+
+def epoch_samples(dataset: Dataset, world_size: int) -> int:
+    """Train samples one epoch reads over all ranks: the split (a permutation of it is dealt out), or for sharded
+    data what `ShardOrder` deals out on `world_size` ranks."""
+    order: Optional[ShardOrder] = getattr(dataset, "order", None)
+    return len(dataset) if order is None else order.rank_samples(world_size) * world_size  # type: ignore[arg-type]
+
+
 def ignore_stop_signals(worker_id: int) -> None:
     """A data worker's init: SIGTERM and SIGINT are the trainer's to act on. They often reach the whole process
     group (torchrun and Slurm preempting, the job server cancelling, Ctrl-C in a terminal); a worker they
@@ -167,8 +234,11 @@ class TrainBatches:
     def __init__(self, dataset: Dataset, *, seed: int, micro_batch_size: int, global_batch_size: int,
                  num_workers: int, pin_memory: bool, rank: int = 0, world_size: int = 1) -> None:
         self.global_batch_size = global_batch_size
-        self.sampler = PositionBatchSampler(len(dataset), seed=seed, micro_batch_size=micro_batch_size,
-                                            global_batch_size=global_batch_size, rank=rank, world_size=world_size)
+        order: Optional[ShardOrder] = getattr(dataset, "order", None)
+        geometry = dict(seed=seed, micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, rank=rank,
+                        world_size=world_size)
+        self.sampler = (PositionBatchSampler(len(dataset), **geometry) if order is None  # type: ignore[arg-type]
+                        else ShardBatchSampler(order, **geometry))  # type: ignore[arg-type]
         self.loader = make_train_loader(dataset, self.sampler, num_workers=num_workers, pin_memory=pin_memory)
 
     def at(self, epoch: int, position: int, micro_batch_size: Optional[int] = None) -> Iterator:

@@ -21,6 +21,7 @@ from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.clean import clean_tensor_pool, clean_text_pool, drop_failed_before
 from trainforge.data.datasets import EvalDataset, TrainDataset
 from trainforge.data.image_preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
+from trainforge.data.loader import ShardOrder
 from trainforge.data.normalize import Normalizer, fit_normalizer, identity, model_normalizer
 from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
@@ -113,7 +114,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         preprocess["class_names"] = list(info.class_names)
     return DataBundle(
         info=info,
-        train=TrainDataset(pool.samples, splits["train"], seed=seed, augment=augment, normalize=normalize),
+        train=TrainDataset(pool.samples, splits["train"], seed=seed, augment=augment, normalize=normalize,
+                           order=None if pool.train_shards is None else ShardOrder(pool.train_shards)),
         val=EvalDataset(pool.samples, splits["val"], normalize),
         test=EvalDataset(pool.samples, splits["test"], normalize),
         preprocess=preprocess,
@@ -276,6 +278,8 @@ def _warn_ignored(names: list[str], why: str) -> None:
 
 def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
     n = len(pool.samples)
+    if pool.splits is not None:  # prepared shards keep the splits they were written with
+        return pool.splits, "prepared"
     if pool.test_indices is not None:
         return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
     if isinstance(pool.samples, ChatTokens):  # independent conversations, not windows of one text

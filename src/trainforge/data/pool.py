@@ -116,3 +116,5 @@ class Pool:
     notes: dict[str, Any] = field(default_factory=dict)  # extra JSON-able facts for the data report
     rows_kept: Optional[int] = None  # records kept, where samples are not records (chat: packed windows)
     failed_before: Optional[np.ndarray] = None  # samples an earlier run could not read: dropped before the split
+    splits: Optional[dict[str, np.ndarray]] = None  # the splits as the source stores them (prepared shards)
+    train_shards: Optional[list[int]] = None  # samples per train shard, in train order: read shard by shard

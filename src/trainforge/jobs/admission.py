@@ -38,6 +38,7 @@ from trainforge.config import (Config, apply_overrides, builtin_recipes, config_
 import torch
 
 from trainforge.data import build_data
+from trainforge.data.loader import epoch_samples
 from trainforge.data.base import DataBundle
 from trainforge.data.roots import confine
 from trainforge.distributed.env import DistEnv
@@ -146,7 +147,7 @@ def job_setup(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: in
     device = torch.device("cuda" if slot_kind == "gpu" else "cpu")
     with torch.device("meta"):
         convolutional = is_convolutional(build_model(cfg.model, data.info)[0])
-    facts = DataFacts(data.info, len(data.train), convolutional)
+    facts = DataFacts(data.info, epoch_samples(data.train, num_gpus), convolutional)
     budget = MemoryBudget(largest_slot_bytes, f"the largest {slot_kind} slot")
     # the slot's GPU model is not known here: bf16 is assumed, and fp16 costs the same memory
     return resolve(cfg, DistEnv(world_size=num_gpus), device, facts, budget=budget, bf16_supported=True, predict=True)

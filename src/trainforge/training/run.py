@@ -16,6 +16,7 @@ from typing import Optional
 
 from trainforge.config import Config
 from trainforge.data import build_data
+from trainforge.data.loader import epoch_samples
 from trainforge.data.summary import summarize
 from trainforge.distributed.data_parallel import broadcast_object, min_over_ranks
 from trainforge.distributed.env import DistEnv, distributed
@@ -56,7 +57,7 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         frozen, total = freeze(model, tc.freeze) if tc.freeze else (0, 0)  # before any wrapping or optimizer
         if tc.early_stopping is not None:
             check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
-        facts = DataFacts(data.info, len(data.train), is_convolutional(model))
+        facts = DataFacts(data.info, epoch_samples(data.train, env.world_size), is_convolutional(model))
         setup = resolve(cfg, env, device, facts, checkpoint=saved, oom=take_oom_note(run_dir, env),
                         budget=agreed_budget(cfg, env, device))
 

@@ -45,7 +45,7 @@ class DataFacts:
     """What the resolver needs to know of the data and the model, read once they are built."""
 
     info: DataInfo
-    train_samples: int
+    train_samples: int  # read in one epoch over all ranks (`epoch_samples`: sharded data deals out whole shards)
     convolutional: bool  # has Conv2d layers: channels_last pays off on CUDA
 
 

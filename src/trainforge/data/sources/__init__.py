@@ -12,6 +12,7 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     tabular,
     textfile,
     torchvision_datasets,
+    webdataset,
 )
 from trainforge.data.sources.common import SOURCES
 
