@@ -1,6 +1,6 @@
 """Data throughput: images/s from a JPEG folder through trainforge's train loader against torchvision's ImageFolder
 + DataLoader, and the start-up cost of each (trainforge's first scan and its cached one against torchvision's
-listing).
+listing); and the same images as WebDataset shards (`data.source: webdataset`) through trainforge's loader.
 
     .venv/bin/python benchmarks/data_throughput.py                                  # table + ratio
     .venv/bin/python benchmarks/data_throughput.py --images 2000 --size 256 --image-size 64 --workers 2 --json
@@ -19,6 +19,11 @@ Start-up, each in a fresh TRAINFORGE_HOME: torchvision's `ImageFolder(root)` (a 
 `folder_manifest` the first time (reads and hashes every file, in a process pool) and the second time (a
 listing checked against the manifest; goal within 2x torchvision's listing); and `build_data` first and cached,
 which also fits the normalization statistics on a seeded sample of up to 2,000 train images.
+
+WebDataset: `trainforge data prepare --format webdataset` of the same folder (timed: `webdataset_prepare_s`,
+`--shard-samples` a shard), then `data.source: webdataset` (`webdataset_build_data_s`: no scan, index.json only)
+read by the same loader with its shard sampler, in the same rounds (`webdataset_ratio` = its images/s over
+torchvision's).
 Always exits 0: the ratio is a measurement, not a test.
 """
 from __future__ import annotations
@@ -61,10 +66,10 @@ def make_folder(root: Path, *, images: int, size: int, classes: int, seed: int) 
         Image.fromarray(arr).save(folder / f"{i:07d}.jpg", quality=90)
 
 
-def data_config(root: Path, image_size: int, workers: int) -> Any:
+def data_config(root: Path, image_size: int, workers: int, source: str = "imagefolder") -> Any:
     from trainforge.config import DataConfig
 
-    return DataConfig(source="imagefolder", path=str(root), args={"image_size": image_size}, normalize="zscore",
+    return DataConfig(source=source, path=str(root), args={"image_size": image_size}, normalize="zscore",
                       val_fraction=0.05, test_fraction=0.05, num_workers=workers)
 
 
@@ -112,20 +117,33 @@ class TorchvisionSide:
 
 
 class TrainforgeSide:
-    def __init__(self, root: Path, *, image_size: int, batch_size: int, workers: int, seed: int) -> None:
-        from trainforge.data import build_data
-        from trainforge.data.loader import PositionBatchSampler, make_train_loader
+    """trainforge's train loader (`TrainBatches`: the position sampler, or the shard sampler for webdataset)."""
 
-        self.bundle = build_data(data_config(root, image_size, workers), seed=seed)
-        self.sampler = PositionBatchSampler(len(self.bundle.train), seed=seed, micro_batch_size=batch_size,
-                                            global_batch_size=batch_size)
-        self.loader = make_train_loader(self.bundle.train, self.sampler, num_workers=workers, pin_memory=False)
+    def __init__(self, root: Path, *, image_size: int, batch_size: int, workers: int, seed: int,
+                 source: str = "imagefolder") -> None:
+        from trainforge.data import build_data
+        from trainforge.data.loader import TrainBatches
+
+        self.bundle = build_data(data_config(root, image_size, workers, source), seed=seed)
+        self.batches = TrainBatches(self.bundle.train, seed=seed, micro_batch_size=batch_size,
+                                    global_batch_size=batch_size, num_workers=workers, pin_memory=False)
         self.epoch = 0
 
+    def __len__(self) -> int:
+        return len(self.batches.sampler)
+
     def iterate(self):
-        self.sampler.set_position(self.epoch, 0)
         self.epoch += 1
-        return iter(self.loader)
+        return self.batches.at(self.epoch - 1, 0)
+
+
+def prepare_webdataset(root: Path, out: Path, image_size: int, workers: int, shard_samples: int) -> float:
+    """Seconds to write `root` as WebDataset shards in `out` (`trainforge data prepare --format webdataset`)."""
+    from trainforge.data.prepare import prepare_data
+
+    seconds, _ = timed(lambda: prepare_data(data_config(root, image_size, workers), seed=0, data_format="webdataset",
+                                            out=out, shard_samples=shard_samples))
+    return seconds
 
 
 def images_per_s(batches: Any, count: int) -> float:
@@ -155,26 +173,39 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             norm = tf.bundle.preprocess["normalize"]
             tv = TorchvisionSide(root, image_size=args.image_size, mean=norm["mean"], std=norm["std"],
                                  batch_size=args.batch_size, workers=args.workers, seed=args.seed)
-            batches = min(args.batches, len(tf.sampler), len(tv.loader))
+            shards = Path(tmp) / "shards"
+            start["webdataset_prepare_s"] = prepare_webdataset(root, shards, args.image_size, args.workers,
+                                                               args.shard_samples)
+            start["webdataset_build_data_s"], wds = timed(lambda: TrainforgeSide(
+                shards, image_size=args.image_size, batch_size=args.batch_size, workers=args.workers, seed=args.seed,
+                source="webdataset"))
+            log(f"webdataset: prepared in {start['webdataset_prepare_s']:.2f} s, build_data "
+                f"{start['webdataset_build_data_s']:.3f} s")
+            batches = min(args.batches, len(tf), len(tv.loader), len(wds))
+            loaders = {"trainforge": tf.iterate, "torchvision": lambda: tv.loader, "webdataset": wds.iterate}
             rounds: list[dict[str, Any]] = []
             for r in range(args.rounds):
-                order = ["trainforge", "torchvision"] if r % 2 == 0 else ["torchvision", "trainforge"]
+                order = ["trainforge", "torchvision", "webdataset"]
+                order = order[r % 3:] + order[: r % 3]
                 row: dict[str, Any] = {"round": r + 1, "first": order[0]}
                 for side in order:
-                    it = tf.iterate() if side == "trainforge" else tv.loader
+                    it = loaders[side]()
                     row[f"{side}_images_per_s"] = images_per_s(it, batches)
                     log(f"round {r + 1}/{args.rounds} {side:<11} {row[f'{side}_images_per_s']:8.1f} images/s")
                 rounds.append(row)
     tf_ips = statistics.median(r["trainforge_images_per_s"] for r in rounds)
     tv_ips = statistics.median(r["torchvision_images_per_s"] for r in rounds)
-    spread = {side: relative_iqr([r[f"{side}_images_per_s"] for r in rounds]) for side in ("trainforge", "torchvision")}
+    wds_ips = statistics.median(r["webdataset_images_per_s"] for r in rounds)
+    spread = {side: relative_iqr([r[f"{side}_images_per_s"] for r in rounds])
+              for side in ("trainforge", "torchvision", "webdataset")}
     startup_factor = start["trainforge_scan_cached_s"] / max(start["torchvision_listing_s"], 1e-9)
     return {
         "benchmark": "data_throughput",
         "ratio": tf_ips / tv_ips,
         "goal_ratio": GOAL_RATIO,
         "meets_goal": tf_ips / tv_ips >= GOAL_RATIO,
-        "images_per_s": {"trainforge": tf_ips, "torchvision": tv_ips},
+        "images_per_s": {"trainforge": tf_ips, "torchvision": tv_ips, "webdataset": wds_ips},
+        "webdataset_ratio": wds_ips / tv_ips,  # trainforge reading WebDataset shards / torchvision's folder
         "startup_s": start,
         "cached_startup_factor": startup_factor,  # trainforge's cached scan / torchvision's listing
         "goal_startup_factor": GOAL_STARTUP_FACTOR,
@@ -184,6 +215,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": rounds,
         "setup": {"images": args.images, "size": args.size, "classes": args.classes, "image_size": args.image_size,
                   "batch_size": args.batch_size, "workers": args.workers, "batches_per_round": batches,
+                  "shard_samples": args.shard_samples,
                   "seed": args.seed, "format": "JPEG quality 90"},
         "machine": {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
                     "processor": platform.processor() or platform.machine(), "python": platform.python_version(),
@@ -197,16 +229,19 @@ def render(result: dict[str, Any]) -> str:
     lines = [f"data throughput: {s['images']:,} JPEGs {s['size']}x{s['size']} -> {s['image_size']}x{s['image_size']}, "
              f"batch {s['batch_size']}, {s['workers']} worker(s), {s['batches_per_round']} batches a round, "
              f"torch {result['machine']['torch']}", "",
-             f"{'round':>5}  {'first':<11}  {'trainforge img/s':>16}  {'torchvision img/s':>17}"]
+             f"{'round':>5}  {'first':<11}  {'trainforge img/s':>16}  {'torchvision img/s':>17}  "
+             f"{'webdataset img/s':>16}"]
     for r in result["rounds"]:
         lines.append(f"{r['round']:>5}  {r['first']:<11}  {r['trainforge_images_per_s']:>16.1f}  "
-                     f"{r['torchvision_images_per_s']:>17.1f}")
+                     f"{r['torchvision_images_per_s']:>17.1f}  {r['webdataset_images_per_s']:>16.1f}")
     lines += [
         "",
         f"start-up: torchvision listing {st['torchvision_listing_s']:.3f} s; trainforge scan first "
         f"{st['trainforge_scan_first_s']:.3f} s, cached {st['trainforge_scan_cached_s']:.3f} s "
         f"({result['cached_startup_factor']:.2f}x the listing, goal <= {GOAL_STARTUP_FACTOR}); build_data first "
         f"{st['trainforge_build_data_first_s']:.3f} s, cached {st['trainforge_build_data_cached_s']:.3f} s",
+        f"webdataset: prepared in {st['webdataset_prepare_s']:.2f} s, build_data {st['webdataset_build_data_s']:.3f} s, "
+        f"{result['webdataset_ratio']:.3f}x torchvision's images/s",
         f"ratio {result['ratio']:.3f} ({'meets' if result['meets_goal'] else 'MISSES'} the goal >= {GOAL_RATIO})",
     ]
     if result["noisy"]:
@@ -228,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batches", type=int, default=20, help="per side and round (at most one epoch)")
-    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--shard-samples", type=int, default=256, help="webdataset: samples per shard")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
