@@ -161,6 +161,29 @@ def test_prepare_writes_the_kept_files_as_shards_the_webdataset_library_reads(tm
         assert torch.equal(x, torch.from_numpy(expected.transpose(2, 0, 1))) and int(y) == label
 
 
+def test_the_pretrained_models_preprocessing_reads_the_shards_as_it_reads_the_files(tmp_path):
+    from torchvision.models import ResNet18_Weights
+
+    from trainforge.config import FromModelConfig
+
+    rng = np.random.default_rng(1)
+    for c in ("cat", "dog"):
+        for i, (h, w) in enumerate([(30, 40), (41, 33), (50, 50)]):
+            (tmp_path / "images" / c).mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(tmp_path / "images" / c / f"{i}.png")
+    prepare_data(data_cfg("imagefolder", path=str(tmp_path / "images"), val_fraction=0.0, test_fraction=0.0), seed=0,
+                 data_format="webdataset", out=tmp_path / "shards", shard_samples=4)
+    bundle = build_data(data_cfg("webdataset", path=str(tmp_path / "shards"), normalize="model", val_fraction=0.0,
+                                 test_fraction=0.0, from_model=FromModelConfig(family="torchvision", source="resnet18",
+                                                                               weights="DEFAULT")), seed=0)
+    transform = ResNet18_Weights.DEFAULT.transforms()  # metadata only: no weights are downloaded
+    tars = TarShards.open(tmp_path / "shards")
+    assert bundle.info.input_shape == (3, 224, 224) and len(bundle.train) == 6
+    for i in range(6):
+        expected = transform(Image.open(io.BytesIO(tars.read(i)[0])).convert("RGB"))
+        assert (bundle.train[i][0] - expected).abs().max() <= 1e-5
+
+
 def test_prepare_reuses_its_shards_and_never_writes_over_anything_else(tmp_path):
     numbered_folder(tmp_path / "images", 20)
     first = prepare(tmp_path / "images", tmp_path / "shards")
