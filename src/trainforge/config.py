@@ -229,10 +229,21 @@ class DistributedConfig(Section):
     activation_checkpointing: bool = False  # recompute each repeated block's activations in backward
 
 
+class MlflowConfig(Section):
+    """`log.mlflow`: log the run to MLflow (docs/tracking.md). Set (even as `{}`) to enable."""
+
+    tracking_uri: Optional[str] = None  # default: $MLFLOW_TRACKING_URI, else sqlite:///<log.runs_root>/mlflow.db
+    experiment: Optional[str] = None  # default: the recipe's name
+    register_model: Optional[str] = None  # register the final model under this name
+    sync_every_s: float = Field(30.0, gt=0, le=86400)  # how often a running run's new rows go to the tracker
+    parent_run_id: Optional[str] = None  # a tuning study's run: each trial is its child
+
+
 class LogConfig(Section):
     tensorboard: bool = True
     progress: bool = True  # rich progress bar on stderr
     runs_root: str = "runs"  # parent of runs/<name>-<timestamp>/ when --run-dir is not given
+    mlflow: Optional[MlflowConfig] = None  # off unless set
 
 
 class Config(Section):

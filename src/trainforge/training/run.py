@@ -25,6 +25,7 @@ from trainforge.files import write_text_atomic
 from trainforge.models import build_model, is_convolutional
 from trainforge.models.lora import check_base
 from trainforge.planning.auto import MemoryBudget, device_budget
+from trainforge.tracking import follow, require_mlflow
 from trainforge.training.checkpoint import load_state
 from trainforge.training.evaluate import check_metric
 from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
@@ -39,6 +40,8 @@ from trainforge.training.signals import stop_on_signals
 def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
     hooks = hooks or FitHooks()
     tc, run_dir = cfg.train, Path(run_dir)
+    if cfg.log.mlflow is not None:  # an optional extra: said before any work
+        require_mlflow()
     with contextlib.ExitStack() as stack:
         env, device = stack.enter_context(distributed(tc.device))
         stack.enter_context(determinism(tc.deterministic, tc.num_threads, device))
@@ -73,7 +76,12 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
             write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
         inputs = RunInputs(cfg, run_dir, data, model, facts, stop, resume_from, summary.counts)
-        return fit(setup, inputs, hooks)
+        # rank 0 mirrors the run directory into MLflow (log.mlflow) from a thread; the loop knows nothing of it
+        following = stack.enter_context(follow(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))) if env.is_main else None
+        result = fit(setup, inputs, hooks)
+        if following is not None:
+            following.finish(result.status)
+        return result
 
 
 def take_oom_note(run_dir: Path, env: DistEnv) -> Optional[OOMNote]:

@@ -19,6 +19,7 @@ from trainforge.config import load_config, parse_override
 from trainforge.console import err
 from trainforge.errors import JobFailed, UserError
 from trainforge.files import write_text_atomic
+from trainforge.tracking.mlflow_run import finish_study, study_parent
 from trainforge.tuning.report import write_study_report
 from trainforge.tuning.results import (
     BEST_CONFIG,
@@ -120,6 +121,9 @@ def tune(
         raise UserError(f"--out: cannot create {out} ({e.strerror}); choose a writable folder") from None
     store = store or open_storage(storage_url)
     the_study = open_study(store, study_name, direction, metric, base)
+    parent = None
+    if cfg.log.mlflow is not None:  # each trial's MLflow run a child of the study's
+        parent = study_parent(out, cfg.log.mlflow, Path(cfg.log.runs_root), study_name)
     stale = fail_dead_trials(the_study, store)
     for number in stale:
         log(f"trial {number} was left running by a stopped tune run: marked failed (it does not count)")
@@ -129,8 +133,11 @@ def tune(
             "nothing to run")
     else:
         place = placement(parallel, user_keys, gpu_count=0 if cfg.train.device == "cpu" else None)
+        trial_base = base
+        if parent is not None:
+            trial_base = {**base, "log": {**base["log"], "mlflow": {**base["log"]["mlflow"], "parent_run_id": parent}}}
         spec = {
-            "base_config": base,
+            "base_config": trial_base,
             "space": {k: p.to_dict() for k, p in space_params.items()},
             "metric": metric,
             "out": str(out.resolve()),
@@ -146,7 +153,11 @@ def tune(
         run_workers(the_study, store, spec, wanted=trials, parallel=min(parallel, trials - done),
                     recipe_seed=cfg.seed, place=place, on_trial=printer)
 
-    return write_results(the_study, out, base, list(space_params), study_name, safe_url(storage_url), metric, direction)
+    result = write_results(the_study, out, base, list(space_params), study_name, safe_url(storage_url), metric,
+                           direction)
+    if parent is not None:
+        finish_study(out, cfg.log.mlflow, Path(cfg.log.runs_root), parent, {"metric": metric, **(result["best_trial"] or {})})
+    return result
 
 
 class _TrialPrinter:

@@ -1,0 +1,84 @@
+"""Command-line entry points of tracking (`trainforge runs ...`); registered on the main app by cli.py.
+
+Keep module-level imports light (typer, rich, trainforge.console): MLflow loads inside the command.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+from rich.table import Table
+
+from trainforge.config import MlflowConfig
+from trainforge.console import out, print_json
+from trainforge.errors import UserError
+
+runs_app = typer.Typer(no_args_is_help=True, help="The runs in a directory: list, compare, upload to MLflow.")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `trainforge runs` to the `trainforge` app."""
+    app.add_typer(runs_app, name="runs")
+
+
+@runs_app.command("sync")
+def sync(
+    run_dir: Path = typer.Argument(..., help="A run directory (holds config.yaml)."),
+    tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: the one the run logged to "
+                                               "(<run>/mlflow.json), its log.mlflow, $MLFLOW_TRACKING_URI, or the "
+                                               "embedded sqlite:///<runs_root>/mlflow.db."),
+    experiment: Optional[str] = typer.Option(None, "--experiment", help="Default: log.mlflow.experiment, else the "
+                                             "recipe's name."),
+    register_model: Optional[str] = typer.Option(None, "--register-model", help="Register the final model."),
+    as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+) -> None:
+    """Upload a run to MLflow from its directory: what a live upload missed (server down, log.mlflow unset), once.
+
+    Continues the run's MLflow run when it has one (<run>/mlflow.json), so nothing is uploaded twice."""
+    from trainforge.tracking.mlflow_run import STATE_FILE, sync_run_dir  # MLflow is imported only here
+
+    settings, runs_root = _run_settings(run_dir)
+    if tracking_uri is None:
+        tracking_uri = _followed_uri(run_dir / STATE_FILE)
+    changes = {k: v for k, v in {"tracking_uri": tracking_uri, "experiment": experiment,
+                                 "register_model": register_model}.items() if v is not None}
+    result = sync_run_dir(run_dir, settings.model_copy(update=changes), runs_root)
+    if as_json:
+        print_json(result)
+        return
+    table = Table(title=f"{run_dir} in MLflow", show_header=False)
+    table.add_row("tracking URI", result["tracking_uri"])
+    table.add_row("run id", f"{result['run_id']} (experiment {result['experiment_id']}), {result['status']}")
+    table.add_row("metrics", f"up to step {result['metrics_step']}")
+    table.add_row("artifacts", ", ".join(result["artifacts"]) or "none")
+    if result["model_version"]:
+        table.add_row("registered", f"version {result['model_version']}")
+    out.print(table)
+
+
+def _run_settings(run_dir: Path) -> tuple[MlflowConfig, Path]:
+    """The run's log.mlflow (defaults when it had none) and log.runs_root, from its config.yaml."""
+    try:
+        doc = yaml.safe_load((run_dir / "config.yaml").read_text())
+    except FileNotFoundError:
+        raise UserError(f"RUN_DIR: {run_dir} is not a run directory (no config.yaml)") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"RUN_DIR: {run_dir / 'config.yaml'} is not readable ({e})") from None
+    log = (doc or {}).get("log") or {} if isinstance(doc, dict) else {}
+    try:
+        settings = MlflowConfig.model_validate(log.get("mlflow") or {})
+    except ValueError:
+        settings = MlflowConfig()
+    return settings, Path(str(log.get("runs_root") or "runs"))
+
+
+def _followed_uri(state_file: Path) -> Optional[str]:
+    """The tracking URI a run was uploaded to, from its <run>/mlflow.json."""
+    try:
+        uri = json.loads(state_file.read_text()).get("tracking_uri")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return uri if isinstance(uri, str) else None
