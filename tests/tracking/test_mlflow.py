@@ -226,3 +226,24 @@ def test_a_tuning_study_logs_each_trial_as_a_child_of_one_parent(tmp_path, capsy
     assert sorted(r.info.run_name for r in children) == ["trial-0000", "trial-0001"]
     assert parent.data.metrics["best/accuracy"] == max(c.data.metrics["val/accuracy"] for c in children)
     assert parent.info.status == "FINISHED" and "best.optim.lr" in parent.data.params
+
+
+@pytest.mark.slow
+def test_compress_logs_the_recommended_onnx_variant_as_a_new_model_version(tmp_path):
+    from trainforge.compression.pipeline import CompressOptions, compress
+
+    root = tmp_path / "runs"
+    trainforge.train(None, overrides=[*TINY, "train.max_steps=3", f"log.runs_root={root}",
+                                      "log.mlflow={register_model: digits-onnx}"], run_dir=tmp_path / "run")
+    doc = compress(tmp_path / "run", options=CompressOptions(quantize="none", bench_s=0.05, progress=False))
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    assert doc["mlflow"]["run_id"] == run_id_of(tmp_path / "run") and doc["mlflow"]["onnx_version"] == "2"
+    client = MlflowClient(uri)
+    assert sorted(str(v.version) for v in client.search_model_versions("name='digits-onnx'")) == ["1", "2"]
+    mlflow.set_tracking_uri(uri)
+    try:
+        torch_model, onnx_model = (mlflow.pyfunc.load_model(f"models:/digits-onnx/{v}") for v in (1, 2))
+    finally:
+        mlflow.set_tracking_uri("")
+    x = np.random.default_rng(0).normal(size=(4, 1, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(onnx_model.predict(x), torch_model.predict(x), rtol=1e-4, atol=1e-4)

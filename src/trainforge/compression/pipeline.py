@@ -41,6 +41,7 @@ from trainforge.data import build_data
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
 from trainforge.report import write_report
+from trainforge.tracking import sync_run_dir
 from trainforge.training.api import train
 from trainforge.training.artifacts import load_trained
 from trainforge.training.loop import FitHooks
@@ -184,7 +185,22 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included
     if run_dir is not None:
         doc["report"] = str(write_report(run_dir, extra_sections=[("Compression", report_section(doc))]))
+        if cfg.log.mlflow is not None and out_dir.resolve() == (run_dir / "compressed").resolve():
+            doc["mlflow"] = upload_to_tracker(run_dir, cfg, log)
     return doc
+
+
+def upload_to_tracker(run_dir: Path, cfg: Any, log: Callable[[str], None]) -> Optional[dict[str, Any]]:
+    """A run that logs to MLflow (log.mlflow) gets its recommended ONNX variant there too, as a new version of its
+    registered model; a tracker that fails is one line (the files are complete: `trainforge runs sync` later)."""
+    try:
+        result = sync_run_dir(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))
+    except UserError as e:
+        log(f"warning: {e}")
+        return None
+    version = f", registered as version {result['onnx_version']}" if result.get("onnx_version") else ""
+    log(f"MLflow: the ONNX variant is logged to run {result['run_id']} at {result['tracking_uri']}{version}")
+    return result
 
 
 class Measurer:

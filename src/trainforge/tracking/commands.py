@@ -4,7 +4,6 @@ Keep module-level imports light (typer, rich, trainforge.console): MLflow loads 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -38,11 +37,9 @@ def sync(
     """Upload a run to MLflow from its directory: what a live upload missed (server down, log.mlflow unset), once.
 
     Continues the run's MLflow run when it has one (<run>/mlflow.json), so nothing is uploaded twice."""
-    from trainforge.tracking.mlflow_run import STATE_FILE, sync_run_dir  # MLflow is imported only here
+    from trainforge.tracking.mlflow_run import sync_run_dir  # MLflow is imported only there
 
     settings, runs_root = _run_settings(run_dir)
-    if tracking_uri is None:
-        tracking_uri = _followed_uri(run_dir / STATE_FILE)
     changes = {k: v for k, v in {"tracking_uri": tracking_uri, "experiment": experiment,
                                  "register_model": register_model}.items() if v is not None}
     result = sync_run_dir(run_dir, settings.model_copy(update=changes), runs_root)
@@ -73,12 +70,3 @@ def _run_settings(run_dir: Path) -> tuple[MlflowConfig, Path]:
     except ValueError:
         settings = MlflowConfig()
     return settings, Path(str(log.get("runs_root") or "runs"))
-
-
-def _followed_uri(state_file: Path) -> Optional[str]:
-    """The tracking URI a run was uploaded to, from its <run>/mlflow.json."""
-    try:
-        uri = json.loads(state_file.read_text()).get("tracking_uri")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return uri if isinstance(uri, str) else None

@@ -23,7 +23,9 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -41,6 +43,8 @@ from trainforge.metrics_file import read_metrics
 STATE_FILE = "mlflow.json"
 ARTIFACTS = ("config.yaml", "data_report.json", "eval.json", "report.html")
 PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # the MLflow model's code (models from code)
+PYFUNC_ONNX_CODE = Path(__file__).with_name("pyfunc_onnx.py")  # ... and that of the compressed ONNX variant
+COMPRESS_RECORD = "compress.json"  # what `trainforge compress` writes in <run>/compressed/
 METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_CHARS = 6000
@@ -62,9 +66,10 @@ def require_mlflow() -> None:
                         "or remove log.mlflow")
 
 
-def tracking_uri(settings: MlflowConfig, runs_root: Path) -> str:
-    """log.mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else the embedded store `sqlite:///<runs_root>/mlflow.db`."""
-    uri = settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+def tracking_uri(settings: MlflowConfig, runs_root: Path, recorded: Optional[str] = None) -> str:
+    """log.mlflow.tracking_uri, else the one the run logged to before (`recorded`: a resume or a later sync continues
+    there), else $MLFLOW_TRACKING_URI, else the embedded store `sqlite:///<runs_root>/mlflow.db`."""
+    uri = settings.tracking_uri or recorded or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     return f"sqlite:///{(Path(runs_root).resolve() / 'mlflow.db')}"
@@ -112,6 +117,15 @@ def metric_points(rows: list[dict[str, Any]]) -> Iterator[tuple[str, float, int]
             yield f"{split}/{key}", float(value), step
 
 
+def recorded_uri(directory: Path) -> Optional[str]:
+    """The tracking URI a run directory (or a study's) was uploaded to, from its mlflow.json."""
+    try:
+        uri = json.loads((directory / STATE_FILE).read_text()).get("tracking_uri")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return uri if isinstance(uri, str) else None
+
+
 @dataclass
 class SyncState:
     """<run>/mlflow.json: what this run directory has uploaded, to which tracker."""
@@ -124,6 +138,8 @@ class SyncState:
     artifacts: dict[str, list[int]] = field(default_factory=dict)  # name -> [size, mtime_ns] uploaded
     model_step: Optional[int] = None  # the final model's step, once logged
     model_version: Optional[str] = None  # its registered version
+    onnx_record: Optional[list[int]] = None  # compressed/compress.json's [size, mtime_ns] when its variant was logged
+    onnx_version: Optional[str] = None  # the ONNX variant's registered version
 
     @classmethod
     def read(cls, run_dir: Path, uri: str) -> "SyncState":
@@ -147,7 +163,7 @@ class RunTracker:
 
     def __init__(self, run_dir: Path, settings: MlflowConfig, runs_root: Path) -> None:
         self.run_dir, self.settings = Path(run_dir), settings
-        self.uri = tracking_uri(settings, runs_root)
+        self.uri = tracking_uri(settings, runs_root, recorded_uri(self.run_dir))
         self.state = SyncState.read(self.run_dir, self.uri)
         self.lock = threading.Lock()  # the follower's thread and the final sync never upload at once
 
@@ -182,6 +198,8 @@ class RunTracker:
         if status is not None:
             if status == "FINISHED" and (self.run_dir / "final" / "model.json").is_file():
                 self._log_model()
+                if (self.run_dir / "compressed" / COMPRESS_RECORD).is_file():
+                    self._log_onnx()
             client.set_terminated(self.state.run_id, status=status)
 
     def _exists(self, client: Any) -> bool:
@@ -267,6 +285,36 @@ class RunTracker:
         self.state.model_step = meta.get("step")
         version = getattr(info, "registered_model_version", None)
         self.state.model_version = str(version) if version is not None else None
+
+
+    def _log_onnx(self) -> None:
+        """`trainforge compress`'s recommended ONNX variant as a second MLflow model (served with onnxruntime, no
+        torch), registered as a new version of log.mlflow.register_model. Again only when compress.json changes."""
+        import mlflow  # optional dependency, see _sync
+
+        compressed = self.run_dir / "compressed"
+        st = (compressed / COMPRESS_RECORD).stat()
+        if self.state.onnx_record == [st.st_size, st.st_mtime_ns]:
+            return
+        record = json.loads((compressed / COMPRESS_RECORD).read_text())
+        chosen = next((v for v in record.get("variants", []) if v.get("recommended")), None)
+        if chosen is None or not (compressed / Path(str(chosen.get("path", ""))).name).is_file():
+            return  # nothing to serve yet (an unfinished compress)
+        meta = json.loads((self.run_dir / "final" / "model.json").read_text())
+        with tempfile.TemporaryDirectory(prefix="trainforge-onnx-") as tmp:  # the variant, its record and manifest
+            folder = Path(tmp) / "compressed"
+            folder.mkdir()
+            for name in (COMPRESS_RECORD, "manifest.json", Path(str(chosen["path"])).name):
+                if (compressed / name).is_file():
+                    shutil.copy2(compressed / name, folder / name)
+            with _tracking(self.uri), mlflow.start_run(run_id=self.state.run_id, log_system_metrics=False):
+                info = mlflow.pyfunc.log_model(
+                    name="onnx_model", python_model=str(PYFUNC_ONNX_CODE), artifacts={"compressed": str(folder)},
+                    signature=signature(meta["data_info"]), registered_model_name=self.settings.register_model,
+                    pip_requirements=["trainforge", "onnxruntime", "numpy"], await_registration_for=60)
+        self.state.onnx_record = [st.st_size, st.st_mtime_ns]
+        version = getattr(info, "registered_model_version", None)
+        self.state.onnx_version = str(version) if version is not None else None
 
 
 def signature(data_info: dict[str, Any]) -> Any:
@@ -382,7 +430,8 @@ def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path) -> dict
                         "server is up and reachable, then run `trainforge runs sync` again") from None
     return {"run_dir": str(run_dir), "tracking_uri": tracker.uri, "run_id": state.run_id,
             "experiment_id": state.experiment_id, "metrics_step": state.metrics_step, "status": status,
-            "artifacts": sorted(state.artifacts), "model_version": state.model_version}
+            "artifacts": sorted(state.artifacts), "model_version": state.model_version,
+            "onnx_version": state.onnx_version}
 
 
 # ---------------------------------------------------------------------------------------------- tuning studies
@@ -393,7 +442,7 @@ def study_parent(out: Path, settings: MlflowConfig, runs_root: Path, study: str)
     fails (the trials then log as runs of their own, or not at all, each saying so)."""
     require_mlflow()
     path = Path(out) / STATE_FILE
-    uri = tracking_uri(settings, runs_root)
+    uri = tracking_uri(settings, runs_root, recorded_uri(Path(out)))
     try:
         kept = json.loads(path.read_text())
         if kept.get("tracking_uri") == uri and isinstance(kept.get("run_id"), str):
