@@ -156,6 +156,12 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_with_each_step_once(tmp_path
     runs = client.search_runs([client.get_experiment_by_name("digits_cnn").experiment_id])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert history_steps(client, state["run_id"], "train/loss") == list(range(1, 15))  # each step once
+    # ... with the values the run directory ends with: steps 9 and 10 as the resumed run wrote them again (their
+    # timings differ from the killed attempt's), not as the killed attempt first wrote them
+    rows = {r["step"]: r for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"}
+    for key in ("loss", "step_time_s", "samples_per_s"):
+        history = {m.step: m.value for m in client.get_metric_history(state["run_id"], f"train/{key}")}
+        assert history == {step: pytest.approx(r[key]) for step, r in rows.items() if r.get(key) is not None}, key
     assert history_steps(client, state["run_id"], "val/loss") == [3, 6, 9, 12, 14]
     assert client.get_run(state["run_id"]).data.params["train.max_steps"] == "14"
 
