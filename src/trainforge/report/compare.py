@@ -25,10 +25,9 @@ from trainforge.files import check_writable, write_text_atomic
 from trainforge.metrics_file import Series, metric_series, thin
 from trainforge.report.html import generator_tag, note, page, value_cell
 from trainforge.report.plots import line_chart, svg_element
-from trainforge.report.runs import RunSummary, format_duration, load_run, summarize
+from trainforge.report.runs import MAX_COMPARED, RunSummary, format_duration, load_run, summarize
 
 KIND = "comparison"  # the page's title and generator tag: how a later `runs compare` knows its own file
-MAX_RUNS = 10  # one color each (matplotlib's and the dashboard's palettes have ten)
 CURVES = (  # (chart id, title, y label, split, metric key, log scale)
     ("train-loss", "Train loss", "loss", "train", "loss", False),
     ("val-loss", "Validation loss", "loss", "val", "loss", False),
@@ -80,11 +79,11 @@ class Comparison:
 
 
 def compare_runs(run_dirs: Sequence[Path], labels: Optional[Sequence[str]] = None) -> Comparison:
-    """The comparison of 2 to MAX_RUNS runs; `labels` name them (default: their directory names, made unique)."""
+    """The comparison of 2 to MAX_COMPARED runs; `labels` name them (default: their directory names, made unique)."""
     run_dirs = [Path(d) for d in run_dirs]
     assert labels is None or len(labels) == len(run_dirs), "one label per run"
-    if not 2 <= len(run_dirs) <= MAX_RUNS:
-        raise UserError(f"RUN_DIR: compare takes 2 to {MAX_RUNS} run directories, got {len(run_dirs)}; "
+    if not 2 <= len(run_dirs) <= MAX_COMPARED:
+        raise UserError(f"RUN_DIR: compare takes 2 to {MAX_COMPARED} run directories, got {len(run_dirs)}; "
                         "pass the runs to compare (`trainforge runs list` shows them)")
     seen: dict[str, Path] = {}
     for d in run_dirs:

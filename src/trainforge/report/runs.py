@@ -48,6 +48,7 @@ TENSORBOARD = "tensorboard"
 JOB_EXIT = "exit.json"  # jobs.runner.JobPaths: <job>/exit.json records how <job>/run's last attempt exited
 JOB_RECIPE = "job.yaml"  # ... and <job>/job.yaml is the job's frozen recipe: together they mark a job's folder
 SEARCH_DEPTH = 2  # the folder, its subfolders and theirs
+MAX_COMPARED = 10  # runs one comparison takes (`runs compare`, the dashboard): one color each
 RUNNING_MIN_S = 120.0
 RUNNING_INTERVALS = 10
 MAX_JSON_BYTES = 64 << 20  # final/model.json holds the tokenizer of an LM: megabytes, not gigabytes
