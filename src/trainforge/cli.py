@@ -35,7 +35,7 @@ from trainforge.files import write_text_atomic
 from trainforge.hardware.catalog import catalog_rows, load_catalog
 from trainforge.jobs.commands import register as register_jobs
 from trainforge.planning.render import render_calibration, render_plan
-from trainforge.report.commands import register as register_runs
+from trainforge.report.commands import register as register_report
 from trainforge.tuning.commands import register as register_tune
 
 app = typer.Typer(
@@ -415,7 +415,7 @@ def gpus(
 
 def _register_stage_commands() -> None:
     """Each later stage keeps its commands in its own package (`<stage>/commands.py`, light imports only)."""
-    for register in (register_tune, register_compress, register_jobs, register_runs):
+    for register in (register_tune, register_compress, register_jobs, register_report):
         register(app)
 
 

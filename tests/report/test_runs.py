@@ -278,3 +278,16 @@ def test_runs_list_bad_input_and_nothing_found(tmp_path, capsys, monkeypatch):
     assert cli(["runs", "list", "--json"], capsys)[:2] == (0, "[]\n")
     code, stdout, err = cli(["runs", "list"], capsys)
     assert code == 0 and stdout == "" and "no runs under runs" in err
+
+
+def test_the_commands_join_a_runs_group_another_stage_made():
+    import typer
+
+    from trainforge.report.commands import register
+
+    app, group = typer.Typer(), typer.Typer()
+    group.command("sync")(lambda: None)
+    app.add_typer(group, name="runs")
+    register(app)
+    assert [g.name for g in app.registered_groups] == ["runs"]
+    assert [c.name for c in group.registered_commands] == ["sync", "list", "compare"]

@@ -27,14 +27,18 @@ DEFAULT_RUNS_ROOT = LogConfig.model_fields["runs_root"].default
 STATUS_STYLE = {"completed": "green", "early_stopped": "green", "running": "blue", "stopped": "yellow",
                 "failed": "red", "incomplete": "dim"}
 
-runs_app = typer.Typer(no_args_is_help=True, help="List the runs under a folder; compare runs on one HTML page.")
-
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(runs_app, name="runs")
+    """Add `list` and `compare` to the app's `runs` group, made here unless another stage's commands made it first
+    (tracking's `runs sync` shares the group)."""
+    group = next((g.typer_instance for g in app.registered_groups if g.name == "runs"), None)
+    if group is None:
+        group = typer.Typer(no_args_is_help=True, help="The runs in a directory: list them, compare them.")
+        app.add_typer(group, name="runs")
+    group.command("list")(list_runs)
+    group.command("compare")(compare)
 
 
-@runs_app.command("list")
 def list_runs(
     directory: Path = typer.Argument(Path(DEFAULT_RUNS_ROOT), help="Folder holding run directories (searched two "
                                      "levels down, e.g. a tune study's trials/); default: runs."),
@@ -57,7 +61,6 @@ def list_runs(
     out.print(runs_table(f"runs under {directory}", runs))
 
 
-@runs_app.command("compare")
 def compare(
     run_dirs: Optional[List[Path]] = typer.Argument(None, help="Two or more run directories.", show_default=False),
     out_file: Path = typer.Option(Path("compare.html"), "--out", help="The page to write; an existing file is "
