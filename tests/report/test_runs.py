@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -291,3 +293,13 @@ def test_the_commands_join_a_runs_group_another_stage_made():
     register(app)
     assert [g.name for g in app.registered_groups] == ["runs"]
     assert [c.name for c in group.registered_commands] == ["sync", "list", "compare"]
+
+
+def test_listing_runs_loads_neither_torch_nor_matplotlib(three_runs):
+    code = ("import sys; from trainforge.cli import main\n"
+            f"try:\n    main(['runs', 'list', {str(three_runs[0].parent)!r}, '--json'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
+            "assert not heavy, heavy")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [r["name"] for r in json.loads(proc.stdout)] == [d.name for d in three_runs]
