@@ -99,13 +99,12 @@ def runs_table(title: str, runs: List[RunSummary], labels: Optional[tuple[str, .
     for i, r in enumerate(runs):
         style = STATUS_STYLE.get(r.status, "")
         named = "" if common else f"{r.metric} "
-        device = f"{r.device} x{r.world_size}" if r.device and (r.world_size or 1) > 1 else r.device
         table.add_row(
             escape(labels[i] if labels else r.name), f"[{style}]{r.status}[/]" if style else r.status, str(r.steps),
             "" if r.best_val is None else escape(f"{named}{r.best_val:.4f} @{r.best_val_step}"),
             "" if r.test is None else escape(f"{named}{r.test:.4f}"),
             format_duration(r.duration_s), "" if r.micro_batch_size is None else str(r.micro_batch_size),
-            escape(device or ""),
+            escape(r.device_label or ""),
         )
     return table
 

@@ -196,9 +196,8 @@ def _runs_table(c: Comparison) -> str:
     for label, r in zip(c.labels, c.runs):
         best = f"{r.metric} {r.best_val:.4g} at step {r.best_val_step}" if r.best_val is not None else None
         test = f"{r.metric} {r.test:.4g}" if r.test is not None else None
-        device = f"{r.device} x{r.world_size}" if r.device and (r.world_size or 1) > 1 else r.device
         rows.append((label, [r.status, r.steps, best, test, format_duration(r.duration_s) or None, r.micro_batch_size,
-                             device, r.run_dir]))
+                             r.device_label, r.run_dir]))
     return _table("runs-table", head, rows)
 
 
@@ -209,7 +208,8 @@ def _curves_section(c: Comparison) -> str:
     for curve in c.curves:
         drawn = [(i, label, s) for i, (label, s) in enumerate(zip(c.labels, curve.series)) if s[0]]
         fig = line_chart(curve.title, curve.ylabel, {label: s for _, label, s in drawn}, logy=curve.logy,
-                         colors=[f"C{i}" for i, _, _ in drawn], line_ids=[f"curve-{curve.id}-{i}" for i, _, _ in drawn])
+                         colors=[f"C{i}" for i, _, _ in drawn],  # a run's color by its place: the same on every chart
+                         line_ids=[f"curve-{curve.id}-{i}" for i, _, _ in drawn])
         missing = [label for label, s in zip(c.labels, curve.series) if not s[0]]
         caption = f"<figcaption>{note('No data here: ' + ', '.join(missing))}</figcaption>" if missing else ""
         figures.append(f'<figure class="chart" id="chart-{curve.id}" data-runs="{len(drawn)}">'
@@ -222,7 +222,7 @@ def _config_table(c: Comparison) -> str:
         return note("The runs' config.yaml files hold the same values.")
     rows = [(key, [config_value(v) for v in values]) for key, values in c.config_differences.items()]
     return note("Only the keys whose values differ; '(absent)': the run's config.yaml lacks the key.") + _table(
-        "config-differences", ["key", *c.labels], rows, formatted=True)
+        "config-differences", ["key", *c.labels], rows)
 
 
 def _test_table(c: Comparison) -> str:
@@ -231,14 +231,13 @@ def _test_table(c: Comparison) -> str:
     return _table("test-metrics", ["metric", *c.labels], list(c.test_metrics.items()))
 
 
-def _table(table_id: str, head: Sequence[str], rows: Sequence[tuple[str, Sequence[Any]]],
-           formatted: bool = False) -> str:
-    """A table with a header row and one row per (name, cells): numbers right-aligned by `value_cell`; with
-    `formatted` the cells are text already. Every string is escaped here."""
+def _table(table_id: str, head: Sequence[str], rows: Sequence[tuple[str, Sequence[Any]]]) -> str:
+    """A table with a header row and one row per (name, cells), cells by `value_cell` (numbers right-aligned, long
+    text cut). Every string is escaped."""
     head_html = "".join(f"<th>{escape(str(h))}</th>" for h in head)
     body = []
     for name, cells in rows:
-        tds = "".join(f"<td>{escape(v)}</td>" if formatted else value_cell(v) for v in cells)
+        tds = "".join(value_cell(v) for v in cells)
         body.append(f'<tr data-key="{escape(name)}"><th>{escape(name)}</th>{tds}</tr>')
     return f'<table id="{table_id}"><thead><tr>{head_html}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 

@@ -78,6 +78,11 @@ class RunSummary:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def device_label(self) -> Optional[str]:
+        """The device, and the number of processes when more than one: "cuda:0 x8", "cpu"."""
+        return f"{self.device} x{self.world_size}" if self.device and (self.world_size or 1) > 1 else self.device
+
 
 @dataclass(frozen=True)
 class RunFiles:
