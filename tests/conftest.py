@@ -16,7 +16,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="trainforge-test-home-")
 atexit.register(shutil.rmtree, os.environ["TRAINFORGE_HOME"], ignore_errors=True)
 
+from chromium import headless_chromium
 from postgres_server import Postgres, postgres_bin
+
+
+@pytest.fixture
+def browser():
+    """Debian's headless Chromium driven by Selenium (nothing downloaded; tests skip on CHROMIUM_MISSING)."""
+    with headless_chromium() as driver:
+        yield driver
 
 
 @pytest.fixture(scope="session")

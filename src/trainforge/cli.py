@@ -7,6 +7,8 @@
     trainforge generate runs/lm "def main(" --max-new-tokens 64
     trainforge recipes
     trainforge data prepare recipes/charlm_gpt.yaml   # tokenize the corpus into token shards once, before training
+    trainforge runs list                              # the runs under ./runs: status, best metric, duration
+    trainforge runs compare runs/a runs/b             # compare.html: curves overlaid, config differences, test metrics
 
 Exit codes: 0 success, 1 the job failed (e.g. diverged), 2 bad input (one line naming the field or
 file and the fix).
@@ -33,6 +35,7 @@ from trainforge.files import write_text_atomic
 from trainforge.hardware.catalog import catalog_rows, load_catalog
 from trainforge.jobs.commands import register as register_jobs
 from trainforge.planning.render import render_calibration, render_plan
+from trainforge.report.commands import register as register_report
 from trainforge.tracking.commands import register as register_runs
 from trainforge.tuning.commands import register as register_tune
 
@@ -413,7 +416,7 @@ def gpus(
 
 def _register_stage_commands() -> None:
     """Each later stage keeps its commands in its own package (`<stage>/commands.py`, light imports only)."""
-    for register in (register_tune, register_compress, register_jobs, register_runs):
+    for register in (register_tune, register_compress, register_jobs, register_report, register_runs):
         register(app)
 
 

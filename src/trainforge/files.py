@@ -3,6 +3,7 @@
     write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
     write_json_atomic(run_dir / "eval.json", result, indent=1)
     write_text_atomic(state_dir / "recipe.yaml", text, mode=0o600)   # private from the first byte
+    check_writable(out_dir, "--out")  # before any work: UserError if out_dir could not be created or written
 
 The text goes to a temporary file beside the target (unique per process and thread), is flushed and
 fsynced, renamed over the target, and the directory is fsynced so the rename itself survives a power
@@ -18,6 +19,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from trainforge.errors import UserError
 
 HOME_ENV = "TRAINFORGE_HOME"
 
@@ -38,6 +41,18 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def check_writable(path: Path, field: str = "--run-dir") -> None:
+    """Fail early, before any work, if `path` could not be created or written; creates nothing. UserError naming
+    `field` (the option that gave the path)."""
+    probe = path.resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{field}: {probe} is a file, so {path} cannot be created; choose another directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"{field}: {probe} is not writable, so {path} cannot be created there; choose a writable directory")
 
 
 def write_text_atomic(path: Path, text: str, mode: int = 0o666) -> None:

@@ -1,6 +1,7 @@
 """The metrics.jsonl format, read and made strict-JSON safe: standard library only, below `training`.
 
     rows = read_metrics(run_dir / "metrics.jsonl")      # the report, calibration, tests
+    steps, values = metric_series(rows, "val", "accuracy")   # one metric's curve (the report, runs list/compare)
     json.dumps(json_safe(doc), allow_nan=False)        # every JSON file a run writes; `--json` output
 
 `training.metrics.MetricsLog` writes the file; the report (`report.html`), the console and the planner's
@@ -12,9 +13,11 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from trainforge.errors import UserError
+
+Series = tuple[list[float], list[float]]  # (steps, values), sorted by step
 
 
 def json_safe(obj: Any) -> Any:
@@ -62,3 +65,35 @@ def read_metrics(path: Path) -> list[dict]:
         elif number < len(lines):  # a line with a newline after it was written in full: real damage
             warnings.warn(f"{path}:{number}: not a JSON object; line skipped", stacklevel=2)
     return rows
+
+
+def metric_series(rows: Sequence[Mapping], split: str, key: str, scale: float = 1.0) -> Series:
+    """(steps, values) of one metric of one split; missing and null (non-finite) values are left out.
+
+    When a step occurs more than once (a resumed run re-logs the steps after its checkpoint), the
+    row written last wins, so the curve shows what the surviving run did.
+    """
+    last_row_by_step: dict[float, Mapping] = {}
+    for row in rows:
+        if row.get("split") == split and _is_number(row.get("step")):
+            last_row_by_step[row["step"]] = row
+    steps: list[float] = []
+    values: list[float] = []
+    for step in sorted(last_row_by_step):
+        value = last_row_by_step[step].get(key)
+        if _is_number(value) and math.isfinite(value):
+            steps.append(step)
+            values.append(value * scale)
+    return steps, values
+
+
+def thin(items: list, limit: int) -> list:
+    """At most `limit` of `items`, evenly spaced, the last one kept: a chart needs no more points than pixels."""
+    if len(items) <= limit:
+        return items
+    stride = -(-len(items) // limit)
+    return items[::stride] + ([items[-1]] if (len(items) - 1) % stride else [])
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

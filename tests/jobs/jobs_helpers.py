@@ -9,13 +9,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from chromium import CHROMIUM_MISSING  # noqa: F401  (tests import it from here)
 from postgres_server import free_port  # noqa: F401  (tests import it from here)
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-CHROMIUM_MISSING = None if CHROMIUM.exists() and CHROMEDRIVER.exists() else (
-    "needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver); "
-    "apt-get install chromium chromium-driver (.ci/run does)")
 
 # A digits run of a few seconds: checkpoints often so a kill loses little and a resume has something to use.
 QUICK = [

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from trainforge.metrics_file import thin
+
 TAIL_BYTES = 65536  # progress needs only the newest rows
 MAX_POINTS = 600  # per series: a chart needs no more
 STEP_TIME_WINDOW = 5  # train rows averaged for the ETA
@@ -59,13 +61,6 @@ def progress(run_dir: Path, total_steps: Optional[int]) -> dict[str, Any]:
     }
 
 
-def _thin(rows: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
-    if len(rows) <= limit:
-        return rows
-    stride = -(-len(rows) // limit)
-    return rows[::stride] + ([rows[-1]] if (len(rows) - 1) % stride else [])
-
-
 def series(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Train and val rows (step + chartable numbers), at most MAX_POINTS each, oldest first."""
     try:
@@ -77,7 +72,7 @@ def series(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
         split = row.get("split")
         if split in out:
             out[split].append({"step": row["step"], **{k: row[k] for k in CHART_KEYS if isinstance(row.get(k), (int, float))}})
-    return {k: _thin(v, MAX_POINTS) for k, v in out.items()}
+    return {k: thin(v, MAX_POINTS) for k, v in out.items()}
 
 
 def read_log(log: Path, offset: int = 0, max_bytes: int = 1 << 20) -> tuple[str, int]:

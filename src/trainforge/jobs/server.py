@@ -14,8 +14,11 @@ API (JSON; with a token every call needs `Authorization: Bearer <token>`):
     POST /api/jobs/{id}/cancel            job
     GET  /api/gpus                        [slot + {"reserved_bytes", "jobs", "live"}]
     GET  /api/recipes                     ["digits_cnn", ...]
-Dashboard: / (jobs + submit form), /jobs/{id} (curves, log tail, config), /gpus: pages without data, filled in
-by their scripts from the API, so a page served without the token shows nothing.
+    GET  /api/compare?ids=1&ids=2         the jobs' runs compared (2 to 10): {"ids", "runs", "curves",
+                                          "config_differences", "test_metrics"} (report.compare)
+    GET  /api/compare.html?ids=1&ids=2    the same as `trainforge runs compare`'s self-contained page, to download
+Dashboard: / (jobs + submit form; tick jobs to compare), /jobs/{id} (curves, log tail, config), /compare?ids=...,
+/gpus: pages without data, filled in by their scripts from the API, so a page served without the token shows nothing.
 
 Defences (docs/jobs.md, "Security model"): a state-changing request (any method but GET/HEAD/OPTIONS) must
 carry the X-Trainforge-Client header, which a cross-site form cannot send and a cross-site script cannot
@@ -30,7 +33,7 @@ import contextlib
 import ipaddress
 import secrets
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 from urllib.parse import urlsplit
 
 from fastapi import FastAPI, Path as PathParam, Query, Request
@@ -43,9 +46,14 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from trainforge.config import MAX_YAML_BYTES, builtin_recipes
 from trainforge.errors import UserError, clip_message
-from trainforge.jobs.progress import read_log, series
+from trainforge.jobs.progress import MAX_POINTS, read_log, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
+from trainforge.jobs.store import Job
+from trainforge.report.runs import CONFIG, MAX_COMPARED
+
+if TYPE_CHECKING:
+    from trainforge.report.compare import Comparison
 
 HERE = Path(__file__).parent
 CLIENT_HEADER = "X-Trainforge-Client"  # required on state changes: a cross-site form cannot set it
@@ -60,6 +68,10 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+
+
+JobIds = Annotated[list[Annotated[int, Field(ge=1, le=MAX_JOB_ID)]], Query(  # module level: annotations are strings
+    min_length=2, max_length=MAX_COMPARED, description=f"the jobs to compare, 2 to {MAX_COMPARED}: ?ids=1&ids=2")]
 
 
 class SubmitIn(BaseModel):
@@ -237,6 +249,17 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     def recipes() -> list[str]:
         return list(builtin_recipes())
 
+    @app.get("/api/compare")
+    def compare(ids: JobIds) -> dict[str, Any]:
+        return {"ids": ids, **compare_jobs(service, ids).to_json(max_points=MAX_POINTS)}
+
+    @app.get("/api/compare.html", response_class=HTMLResponse)
+    def compare_file(ids: JobIds) -> HTMLResponse:
+        from trainforge.report.compare import comparison_html  # heavy (matplotlib): the server starts without it
+
+        return HTMLResponse(comparison_html(compare_jobs(service, ids)),
+                            headers={"Content-Disposition": 'attachment; filename="compare.html"'})
+
     # ------------------------------------------------------------ dashboard
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -251,7 +274,25 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     def gpus_page(request: Request) -> HTMLResponse:
         return templates.TemplateResponse(request, "gpus.html", {})
 
+    @app.get("/compare", response_class=HTMLResponse, include_in_schema=False)
+    def compare_page(request: Request, ids: JobIds) -> HTMLResponse:
+        return templates.TemplateResponse(request, "compare.html", {})
+
     return app
+
+
+def compare_jobs(service: JobService, ids: list[int]) -> Comparison:
+    """The comparison of these jobs' runs, each labelled "job <id>: <name>"; JobNotFound (404) for an id the server
+    does not know, UserError (400) for one given twice or a job that has not started its run."""
+    from trainforge.report.compare import compare_runs  # heavy (matplotlib): the server starts without it
+
+    if len(set(ids)) != len(ids):
+        raise UserError("ids: a job is listed twice; list each job once", public=True)
+    jobs: list[Job] = [service.get(i) for i in ids]
+    for job in jobs:
+        if not (Path(job.run_dir) / CONFIG).is_file():
+            raise UserError(f"ids: job {job.id} has no run yet ({job.state}); compare jobs that have started", public=True)
+    return compare_runs([Path(j.run_dir) for j in jobs], labels=[f"job {j.id}: {j.name}" for j in jobs])
 
 
 def _refusal(request: Request, token: Optional[str]) -> Optional[JSONResponse]:

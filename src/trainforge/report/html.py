@@ -35,7 +35,7 @@ table { border-collapse: collapse; margin: .5rem 0; }
 th, td { border: 1px solid #ccc; padding: .25rem .6rem; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 table table { margin: 0; }
-figure { display: inline-block; margin: .5rem; } img { max-width: 100%; }
+figure { display: inline-block; margin: .5rem; } img, svg { max-width: 100%; height: auto; }
 pre { background: #f7f7f7; padding: .8rem; overflow-x: auto; }
 .note { color: #777; font-style: italic; }
 """
@@ -152,7 +152,7 @@ def _per_class_table(per_class: Mapping[str, Any]) -> str:
     body = []
     for name, stats in per_class.items():
         stats = stats if isinstance(stats, Mapping) else {}
-        cells = "".join(_value_cell(stats.get(c)) for c in columns)
+        cells = "".join(value_cell(stats.get(c)) for c in columns)
         body.append(f"<tr><th>{escape(str(name))}</th>{cells}</tr>")
     return f"<table>{head}{''.join(body)}</table>"
 
@@ -190,17 +190,23 @@ def _config_section(config_text: Optional[str], missing: Optional[str]) -> str:
 # ---------------------------------------------------------------- html helpers
 
 
-def page(run_name: str, sections: list[tuple[str, str, str]]) -> str:
+def page(run_name: str, sections: list[tuple[str, str, str]], kind: str = "report") -> str:
+    """The whole document: "trainforge <kind>: <run_name>" as its title, a nav bar, one <section> per (anchor id,
+    title, body html). `kind` is also its generator meta tag (`runs compare` knows its own pages by it)."""
     nav = "".join(f'<a href="#{sid}">{escape(title)}</a>' for sid, title, _ in sections)
     body = "\n".join(
         f'<section id="{sid}">\n<h2>{escape(title)}</h2>\n{html}\n</section>' for sid, title, html in sections
     )
-    title = f"trainforge report: {escape(run_name)}"
+    title = f"trainforge {escape(kind)}: {escape(run_name)}"
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"{generator_tag(kind)}\n<title>{title}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
         f"<h1>{title}</h1>\n<nav>{nav}</nav>\n{body}\n</body>\n</html>\n"
     )
+
+
+def generator_tag(kind: str) -> str:
+    return f'<meta name="generator" content="trainforge {escape(kind)}">'
 
 
 def figure(title: str, png: bytes) -> str:
@@ -214,12 +220,12 @@ def key_value_table(mapping: Mapping[str, Any]) -> str:
         if isinstance(value, Mapping):
             cell = f"<td>{key_value_table(value) if value else ''}</td>"
         else:
-            cell = _value_cell(value)
+            cell = value_cell(value)
         rows.append(f"<tr><th>{escape(str(key))}</th>{cell}</tr>")
     return f"<table>{''.join(rows)}</table>"
 
 
-def _value_cell(value: Any) -> str:
+def value_cell(value: Any) -> str:
     if _is_scalar(value) and not isinstance(value, (str, bool)) and value is not None:
         return f'<td class="num">{escape(_format_number(value))}</td>'
     if isinstance(value, list):

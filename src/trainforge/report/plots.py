@@ -1,8 +1,9 @@
-"""Charts for the run report, rendered to PNG bytes.
+"""Charts for the run report, rendered to PNG bytes (and, for `runs compare`, to inline SVG).
 
     charts = training_charts(read_metrics(run_dir / "metrics.jsonl"))   # [(title, png_bytes), ...]
     figures = training_figures(rows)                                     # the same as Figures: [(title, Figure)]
     png = confusion_matrix_png(eval_json["confusion_matrix"], eval_json["class_names"])
+    svg = svg_element(line_chart(title, ylabel, {"run a": series_a, "run b": series_b}))   # "<svg ...>...</svg>"
 
 Figures are drawn with `matplotlib.figure.Figure` on an explicit Agg canvas, never pyplot, so
 rendering works headless and leaves the user's global matplotlib backend alone.
@@ -13,12 +14,13 @@ import io
 import math
 from typing import Mapping, Optional, Sequence
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
-Series = tuple[list[float], list[float]]  # (steps, values), sorted by step
+from trainforge.metrics_file import Series, metric_series  # noqa: F401  (re-exported: the charts' input)
 
 _DPI = 100
 _LINE_FIGSIZE_IN = (6.4, 3.6)
@@ -29,26 +31,6 @@ _MIB = 2**20
 _GIB = 2**30
 
 
-def metric_series(rows: Sequence[Mapping], split: str, key: str, scale: float = 1.0) -> Series:
-    """(steps, values) of one metric of one split; missing and null (non-finite) values are left out.
-
-    When a step occurs more than once (a resumed run re-logs the steps after its checkpoint), the
-    row written last wins, so the curve shows what the surviving run did.
-    """
-    last_row_by_step: dict[float, Mapping] = {}
-    for row in rows:
-        if row.get("split") == split and _is_number(row.get("step")):
-            last_row_by_step[row["step"]] = row
-    steps: list[float] = []
-    values: list[float] = []
-    for step in sorted(last_row_by_step):
-        value = last_row_by_step[step].get(key)
-        if _is_number(value) and math.isfinite(value):
-            steps.append(step)
-            values.append(value * scale)
-    return steps, values
-
-
 def line_chart_png(title: str, ylabel: str, series: Mapping[str, Series], logy: bool = False,
                    ylim: Optional[tuple[float, float]] = None, plain_y: bool = False) -> bytes:
     """One chart with a line per named series, x = optimizer step."""
@@ -57,10 +39,12 @@ def line_chart_png(title: str, ylabel: str, series: Mapping[str, Series], logy: 
 
 def line_chart(title: str, ylabel: str, series: Mapping[str, Series], logy: bool = False,
                ylim: Optional[tuple[float, float]] = None, plain_y: bool = False,
-               marks: Sequence[tuple[float, str]] = ()) -> Figure:
+               marks: Sequence[tuple[float, str]] = (), colors: Sequence[str] = (),
+               line_ids: Sequence[str] = ()) -> Figure:
     """`line_chart_png`'s figure. `plain_y`: y tick labels as plain numbers, never an offset (+3.072e4) or
     a power of ten beside the axis, which readers miss and then misread every tick. `marks`: (step, text)
-    events drawn as labelled vertical lines."""
+    events drawn as labelled vertical lines. `colors` and `line_ids`, when given, one per series: its line's
+    color (the same run in the same color on every chart) and its id in SVG output (`svg_element`)."""
     fig = Figure(figsize=_LINE_FIGSIZE_IN, dpi=_DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -68,9 +52,11 @@ def line_chart(title: str, ylabel: str, series: Mapping[str, Series], logy: bool
         ax.axvline(step, color="tab:red", linestyle=":", linewidth=1)
         ax.annotate(text, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -3),
                     textcoords="offset points", va="top", fontsize=7, color="tab:red")
-    for label, (steps, values) in series.items():
+    lines = []
+    for i, (label, (steps, values)) in enumerate(series.items()):
         marker = "o" if len(steps) <= _MARKERS_UP_TO_POINTS else None
-        ax.plot(steps, values, label=label, marker=marker, markersize=3, linewidth=1.5)
+        lines += ax.plot(steps, values, label=label, marker=marker, markersize=3, linewidth=1.5,
+                         color=colors[i] if colors else None, gid=line_ids[i] if line_ids else None)
     if logy:
         ax.set_yscale("log")
     if ylim is not None:
@@ -84,7 +70,10 @@ def line_chart(title: str, ylabel: str, series: Mapping[str, Series], logy: bool
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
     if len(series) > 1:
-        ax.legend()
+        # labels may be anyone's run names: the handles given, so a label starting with "_" is not dropped, and
+        # taken as plain text, so "$" is not TeX (a bad formula would fail the drawing)
+        for text in ax.legend(handles=lines).get_texts():
+            text.set_parse_math(False)
     return fig
 
 
@@ -172,5 +161,11 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def svg_element(fig: Figure) -> str:
+    """The figure as an `<svg>` element to put inside an HTML page: its lines are elements of the page (an
+    artist's gid becomes its group's id) and its text is text, escaped by matplotlib's XML writer."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):  # text as <text>, not as glyph outlines
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    return text[text.index("<svg"):]  # without the XML declaration and DOCTYPE, which HTML does not take

@@ -14,16 +14,13 @@ from rich.table import Table
 from trainforge.config import MlflowConfig
 from trainforge.console import out, print_json
 from trainforge.errors import UserError
-
-runs_app = typer.Typer(no_args_is_help=True, help="The runs in a directory: list, compare, upload to MLflow.")
-
+from trainforge.report.commands import runs_group
 
 def register(app: typer.Typer) -> None:
-    """Add `trainforge runs` to the `trainforge` app."""
-    app.add_typer(runs_app, name="runs")
+    """Add `sync` to the app's `trainforge runs` group."""
+    runs_group(app).command("sync")(sync)
 
 
-@runs_app.command("sync")
 def sync(
     run_dir: Path = typer.Argument(..., help="A run directory (holds config.yaml)."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: the one the run logged to "

@@ -1,12 +1,12 @@
 """Where a run lives: create `runs/<name>-<timestamp>/`, protect existing runs, find what to resume."""
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Optional
 
 from trainforge.errors import UserError
+from trainforge.files import check_writable  # noqa: F401  (training.api imports it from here)
 from trainforge.training.checkpoint import find_resume_checkpoint
 
 CHECKPOINTS = "checkpoints"
@@ -20,17 +20,6 @@ def new_run_dir(runs_root: Path, name: str) -> Path:
         n += 1
         path = runs_root / f"{name}-{stamp}-{n}"
     return path
-
-
-def check_writable(path: Path, field: str = "--run-dir") -> None:
-    """Fail early, before any work, if `path` could not be created or written; creates nothing."""
-    probe = path.resolve()
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise UserError(f"{field}: {probe} is a file, so {path} cannot be created; choose another directory")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"{field}: {probe} is not writable, so {path} cannot be created there; choose a writable directory")
 
 
 def holds_a_run(path: Path) -> bool:

@@ -24,8 +24,10 @@ const tfChart = (function () {
     return a >= 100 ? v.toFixed(0) : a >= 1 ? v.toFixed(2) : v.toFixed(3);
   }
 
-  // series: [{name, points: [[step, value], ...]}]
-  function draw(svg, series) {
+  // series: [{name, points: [[step, value], ...]}]; series i is drawn in color s<i> (s0..s9). opts.legend false:
+  // no legend in the chart (the comparison page names its jobs, in their colors, in a table).
+  function draw(svg, series, opts) {
+    const legend = !opts || opts.legend !== false;
     svg.replaceChildren();
     const all = series.flatMap((s) => s.points);
     if (all.length === 0) {
@@ -59,7 +61,7 @@ const tfChart = (function () {
         const p = s.points[0];
         svg.appendChild(node("circle", { class: "s" + i, cx: sx(p[0]), cy: sy(p[1]), r: 3 }));
       }
-      svg.appendChild(node("text", { class: "legend s" + i, x: M.left + 8 + i * 110, y: 14 }, s.name));
+      if (legend) svg.appendChild(node("text", { class: "legend s" + i, x: M.left + 8 + i * 110, y: 14 }, s.name));
     });
   }
 

@@ -1,12 +1,29 @@
-// The jobs page: the table refreshes every 2 s from /api/jobs; the form submits JSON to POST /api/jobs.
+// The jobs page: the table refreshes every 2 s from /api/jobs; the form submits JSON to POST /api/jobs; the ticked
+// jobs (kept across refreshes) open /compare?ids=...
 "use strict";
 (function () {
   const tbody = document.querySelector("#jobs tbody");
   const form = document.getElementById("submit-form");
   const status = document.getElementById("submit-status");
+  const compare = document.getElementById("compare");
+  const MAX_COMPARED = 10;  // the server's limit (report.runs.MAX_COMPARED: one color each)
+  const picked = new Set();
+
+  function pickCell(job) {
+    const td = tf.el("td", { class: "pick" });
+    const box = tf.el("input", { type: "checkbox", "aria-label": "compare job " + job.id, "data-job-id": job.id });
+    box.checked = picked.has(job.id);
+    box.addEventListener("change", () => {
+      if (box.checked) picked.add(job.id); else picked.delete(job.id);
+      compare.disabled = picked.size < 2 || picked.size > MAX_COMPARED;
+    });
+    td.appendChild(box);
+    return td;
+  }
 
   function row(job) {
     const tr = tf.el("tr", { "data-job-id": job.id, "data-state": job.state });
+    tr.appendChild(pickCell(job));
     const idCell = tf.el("td");
     idCell.appendChild(tf.el("a", { href: "/jobs/" + job.id }, job.id));
     tr.appendChild(idCell);
@@ -35,6 +52,10 @@
       tbody.replaceChildren(...jobs.slice().reverse().map(row));
     } catch (e) { /* the server restarting: try again on the next tick */ }
   }
+
+  compare.addEventListener("click", () => {
+    location.href = "/compare?" + [...picked].sort((a, b) => a - b).map((id) => "ids=" + id).join("&");
+  });
 
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
