@@ -231,7 +231,8 @@ def test_a_tuning_study_logs_each_trial_as_a_child_of_one_parent(tmp_path, capsy
     assert len(children) == 2 and len(runs) == 3
     assert sorted(r.info.run_name for r in children) == ["trial-0000", "trial-0001"]
     assert parent.data.metrics["best/accuracy"] == max(c.data.metrics["val/accuracy"] for c in children)
-    assert parent.info.status == "FINISHED" and "best.optim.lr" in parent.data.params
+    best_child = max(children, key=lambda c: c.data.metrics["val/accuracy"])
+    assert parent.info.status == "FINISHED" and parent.data.tags["best.optim.lr"] == best_child.data.params["optim.lr"]
 
 
 @pytest.mark.slow

@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
 def sync(
     run_dir: Path = typer.Argument(..., help="A run directory (holds config.yaml)."),
     tracking_uri: Optional[str] = typer.Option(None, "--tracking-uri", help="Default: the one the run logged to "
-                                               "(<run>/mlflow.json), its log.mlflow, $MLFLOW_TRACKING_URI, or the "
-                                               "embedded sqlite:///<runs_root>/mlflow.db."),
+                                               "(<run>/mlflow.json), else its log.mlflow.tracking_uri, "
+                                               "$MLFLOW_TRACKING_URI, or the embedded sqlite:///<runs_root>/mlflow.db."),
     experiment: Optional[str] = typer.Option(None, "--experiment", help="Default: log.mlflow.experiment, else the "
                                              "recipe's name."),
     register_model: Optional[str] = typer.Option(None, "--register-model", help="Register the final model."),
@@ -37,9 +37,8 @@ def sync(
     from trainforge.tracking.mlflow_run import sync_run_dir  # MLflow is imported only there
 
     settings, runs_root = _run_settings(run_dir)
-    changes = {k: v for k, v in {"tracking_uri": tracking_uri, "experiment": experiment,
-                                 "register_model": register_model}.items() if v is not None}
-    result = sync_run_dir(run_dir, settings.model_copy(update=changes), runs_root)
+    changes = {k: v for k, v in {"experiment": experiment, "register_model": register_model}.items() if v is not None}
+    result = sync_run_dir(run_dir, settings.model_copy(update=changes), runs_root, tracking_uri)
     if as_json:
         print_json(result)
         return

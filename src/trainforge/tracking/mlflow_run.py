@@ -66,10 +66,12 @@ def require_mlflow() -> None:
                         "or remove log.mlflow")
 
 
-def tracking_uri(settings: MlflowConfig, runs_root: Path, recorded: Optional[str] = None) -> str:
-    """log.mlflow.tracking_uri, else the one the run logged to before (`recorded`: a resume or a later sync continues
-    there), else $MLFLOW_TRACKING_URI, else the embedded store `sqlite:///<runs_root>/mlflow.db`."""
-    uri = settings.tracking_uri or recorded or os.environ.get("MLFLOW_TRACKING_URI")
+def tracking_uri(settings: MlflowConfig, runs_root: Path, recorded: Optional[str] = None,
+                 explicit: Optional[str] = None) -> str:
+    """`explicit` (runs sync --tracking-uri), else the one the run logged to before (`recorded`, from its mlflow.json:
+    a resume or a later sync continues there), else log.mlflow.tracking_uri, else $MLFLOW_TRACKING_URI, else the
+    embedded store `sqlite:///<runs_root>/mlflow.db`."""
+    uri = explicit or recorded or settings.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
     return f"sqlite:///{(Path(runs_root).resolve() / 'mlflow.db')}"
@@ -161,9 +163,9 @@ class SyncState:
 class RunTracker:
     """One run directory's MLflow run (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, settings: MlflowConfig, runs_root: Path) -> None:
+    def __init__(self, run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None) -> None:
         self.run_dir, self.settings = Path(run_dir), settings
-        self.uri = tracking_uri(settings, runs_root, recorded_uri(self.run_dir))
+        self.uri = tracking_uri(settings, runs_root, recorded_uri(self.run_dir), uri)
         self.state = SyncState.read(self.run_dir, self.uri)
         self.lock = threading.Lock()  # the follower's thread and the final sync never upload at once
 
@@ -416,12 +418,13 @@ def follow(run_dir: Path, settings: Optional[MlflowConfig], runs_root: Path) -> 
             following.finish("completed")
 
 
-def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path) -> dict[str, Any]:
-    """`trainforge runs sync`: upload a finished or stopped run from its directory (JSON-able summary)."""
+def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None) -> dict[str, Any]:
+    """`trainforge runs sync`: upload a finished or stopped run from its directory (JSON-able summary); `uri`: to this
+    tracking URI rather than the one `tracking_uri` chooses."""
     if not (run_dir / "config.yaml").is_file():
         raise UserError(f"RUN_DIR: {run_dir} is not a run directory (no config.yaml)")
     require_mlflow()
-    tracker = RunTracker(run_dir, settings, runs_root)
+    tracker = RunTracker(run_dir, settings, runs_root, uri)
     status = "FINISHED" if (run_dir / "final" / "model.json").is_file() else "KILLED"
     try:
         state = tracker.sync(status)
@@ -476,14 +479,17 @@ def finish_study(out: Path, settings: MlflowConfig, runs_root: Path, parent_run_
     with _quiet_mlflow():
         try:
             from mlflow import MlflowClient  # optional dependency, see RunTracker._sync
-            from mlflow.entities import Metric, Param
+            from mlflow.entities import Metric, RunTag
 
             client = MlflowClient(tracker.uri)
             now = int(time.time() * 1000)
             metrics = [Metric(f"best/{best['metric']}", float(best["value"]), now, 0)] if best.get("value") is not None \
                 else []
-            params = [Param(f"best.{k}", str(v)[:PARAM_VALUE_CHARS]) for k, v in sorted(best.get("params", {}).items())]
-            client.log_batch(parent_run_id, metrics=metrics, params=params[:PARAMS_PER_BATCH])
+            # tags, not params: a continued study's best trial may change, and MLflow never lets a param change
+            tags = [RunTag(f"best.{k}", str(v)[:PARAM_VALUE_CHARS]) for k, v in sorted(best.get("params", {}).items())]
+            if best.get("number") is not None:
+                tags.append(RunTag("best.trial", str(best["number"])))
+            client.log_batch(parent_run_id, metrics=metrics, tags=tags)
             client.set_terminated(parent_run_id, status="FINISHED")
         except Exception as e:  # noqa: BLE001  see RunTracker.sync
             warn_failed(tracker, f"{type(e).__name__}: {e}"[:300])
