@@ -254,3 +254,17 @@ def test_compress_logs_the_recommended_onnx_variant_as_a_new_model_version(tmp_p
         mlflow.set_tracking_uri("")
     x = np.random.default_rng(0).normal(size=(4, 1, 8, 8)).astype(np.float32)
     np.testing.assert_allclose(onnx_model.predict(x), torch_model.predict(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_two_process_run_is_one_mlflow_run_logged_by_rank_0(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    root = tmp_path / "runs"
+    proc = train_cli(tmp_path / "run", "train.max_steps=6", "train.micro_batch_size=32", "train.device=cpu",
+                     f"log.runs_root={root}", "log.mlflow={sync_every_s: 0.2}", "--nproc-per-node", "2", env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    client = MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("digits_cnn").experiment_id])
+    assert len(runs) == 1 and runs[0].info.run_id == run_id_of(tmp_path / "run")
+    assert runs[0].info.status == "FINISHED"
+    assert history_steps(client, runs[0].info.run_id, "train/loss") == logged_steps(tmp_path / "run", "train")

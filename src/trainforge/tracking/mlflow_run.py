@@ -168,6 +168,7 @@ class RunTracker:
         self.uri = tracking_uri(settings, runs_root, recorded_uri(self.run_dir), uri)
         self.state = SyncState.read(self.run_dir, self.uri)
         self.lock = threading.Lock()  # the follower's thread and the final sync never upload at once
+        self.resumed = False  # this process has marked a continued MLflow run as running again
 
     def sync(self, status: Optional[str] = None) -> SyncState:
         """Upload what is new. `status` (an MLflow run status): the run is over: every row, the final model, the end
@@ -190,8 +191,9 @@ class RunTracker:
         client = MlflowClient(self.uri)
         if not self.state.run_id or not self._exists(client):
             self._create(client)
-        elif status is None:
+        elif status is None and not self.resumed:
             client.update_run(self.state.run_id, status="RUNNING")  # a resumed run is running again
+            self.resumed = True
         if not self.state.params:
             self._log_params(client)
         self._log_metrics(client, final=status == "FINISHED")  # a failed run may be resumed: its rows may change
