@@ -326,3 +326,16 @@ def test_a_run_reads_the_shards_with_any_worker_count_and_counts_epochs_by_shard
                                pin_memory=False, rank=1, world_size=2)
         seen.append([x for x, _ in batches.at(epoch=1, position=2)])
     assert len(seen[0]) == 5 and all(torch.equal(a, b) for a, b in zip(*seen))
+
+
+def test_an_index_naming_files_outside_its_directory_is_refused(prepared, tmp_path):
+    root, _ = prepared
+    index = json.loads((root / "shards" / "index.json").read_text())
+    for bad in ("/etc/passwd", "../images/a/0000.png", "train-00001.tar"):
+        copy = tmp_path / bad.replace("/", "_")
+        copy.mkdir()
+        doc = json.loads(json.dumps(index))
+        doc["splits"]["train"][0]["file"] = bad
+        (copy / "index.json").write_text(json.dumps(doc))
+        with pytest.raises(UserError, match="lists a shard that is not train-00000.tar"):
+            TarShards.open(copy)

@@ -400,3 +400,11 @@ def test_the_dashboard_token_never_reaches_another_port(tmp_path, browser):
             assert token not in str(headers) and "Cookie" not in headers and "cookie" not in headers
     finally:
         httpd.shutdown()
+
+
+def test_a_job_logs_to_a_tracking_server_only_never_to_a_local_store(api):
+    for mlflow in ("{}", "{tracking_uri: 'sqlite:////tmp/elsewhere.db'}", "{tracking_uri: 'file:///tmp/mlruns'}",
+                   "{tracking_uri: /tmp/mlruns}"):
+        refused(api.post("/api/jobs", json={"recipe": "digits_cnn", "overrides": [*QUICK, f"log.mlflow={mlflow}"]}),
+                "log.mlflow.tracking_uri", "tracking server")
+    assert api.get("/api/jobs").json() == []

@@ -99,6 +99,12 @@ def read_index(root: Path, field: str = "data.path") -> dict[str, Any]:
     if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
         raise UserError(f"{field}: {path} is not a {FORMAT} index of version {VERSION}; prepare the shards again",
                         public=True)
+    splits = index.get("splits")
+    for split in SPLITS:  # the shards are files of this directory, named as prepare names them: nothing else is read
+        for n, s in enumerate(splits.get(split, []) if isinstance(splits, dict) else [None]):
+            if not isinstance(s, dict) or s.get("file") != shard_name(split, n) or not isinstance(s.get("samples"), int):
+                raise UserError(f"{field}: {path} lists a shard that is not {split}-{n:05d}.tar of this directory; "
+                                "prepare the shards again", public=True)
     return index
 
 

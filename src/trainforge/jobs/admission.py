@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
+from urllib.parse import urlparse
 
 from trainforge.config import (Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml,
                                set_dotted)
@@ -89,6 +90,9 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
         raise UserError("data.download: the job server downloads nothing; place the dataset under a data root "
                         "and point data.args.root at it")
     check_names(cfg)
+    if cfg.log.mlflow is not None and urlparse(cfg.log.mlflow.tracking_uri or "").scheme not in ("http", "https"):
+        raise UserError("log.mlflow.tracking_uri: a job on the server logs to a tracking server (http:// or https://); "
+                        "a local store (sqlite:, file:, or none set) would write outside the job's run directory")
     confined = [(field, str(confine(value, field, data_roots))) for field, value in submitted_paths(cfg)]
     confined += confine_pretrained(cfg, data_roots, allow_hub_downloads=allow_hub_downloads)
     if confined:  # the job reads the real paths that were checked, whatever a symlink says later
