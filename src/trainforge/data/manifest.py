@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from PIL import Image
 
+from trainforge.data.roots import check_found, check_read
 from trainforge.files import trainforge_home, write_text_atomic
 
 FORMAT = "trainforge-imagefolder-manifest"
@@ -354,10 +355,11 @@ def folder_manifest(root: Path, workers: Optional[int] = None) -> FolderScan:
     """The folder's classes and per-file facts, from its manifest, reading only what changed (see the module)."""
     real_root = os.path.realpath(root)
     classes, listing = list_folder(root)
+    check_found([root / f.path for f in listing], root, "data.path")  # before any of them is read
     workers = workers or available_cpus()
     folder = manifest_dir()
     key = manifest_key(real_root)
-    path, lock = folder / f"{key}.json", folder / f"{key}.lock"
+    path, lock = check_read(folder / f"{key}.json", "data.path"), folder / f"{key}.lock"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with locked(lock, False, root):

@@ -45,6 +45,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 from tokenizers import Tokenizer
 
+from trainforge.data.roots import check_read
 from trainforge.data.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
 from trainforge.files import fsync_dir, fsync_file, trainforge_home, write_json_atomic, write_text_atomic
@@ -607,7 +608,7 @@ class TokenShards:
     """The token stream of a shard directory, read by position without loading it: `read(start, stop)`."""
 
     def __init__(self, index: ShardIndex) -> None:
-        self.paths = [index.directory / name for name in index.shard_files]
+        self.paths = [check_read(index.directory / name, "data.path") for name in index.shard_files]
         self.dtype = np.dtype(index.dtype)
         self.starts = np.concatenate([[0], np.cumsum(index.shard_tokens, dtype=np.int64)]).tolist()
         self.tokens = int(self.starts[-1])

@@ -25,7 +25,6 @@ from trainforge.data.image_preprocess import ImagePreprocess
 from trainforge.data.imageio import read_image, read_model_image
 from trainforge.data.manifest import CORRUPT, DECODE_FAILED, IMAGE_SUFFIXES, OK, FailureLog, folder_manifest
 from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
-from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 
@@ -103,7 +102,6 @@ def imagefolder(cfg: DataConfig, *, seed: int) -> Pool:
     if len(scan.classes) < 2:
         raise UserError(f"data.path: {root} has {len(scan.classes)} class subfolder(s); need at least 2 (one per "
                         "class)", public=True)
-    check_found([root / f.path for f in scan.files], root, "data.path")
     drops, seen = DropLog(), set()
     kept, failed_before = [], []
     for f in scan.files:

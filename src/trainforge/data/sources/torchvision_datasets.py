@@ -6,6 +6,8 @@ split (a `train` flag or a `split` argument) that test split is kept and val is 
 from __future__ import annotations
 
 import inspect
+import os
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -20,7 +22,7 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.image_preprocess import ImagePreprocess
 from trainforge.data.pool import Pool
-from trainforge.data.roots import confine, confined_roots
+from trainforge.data.roots import check_read, confine, confined_roots, named_paths
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args
 from trainforge.errors import UserError, quote
 
@@ -90,8 +92,11 @@ def open_parts(cls: type, a: TorchvisionArgs, download: bool) -> list[Dataset]:
         raise UserError(f"data.args.kwargs.{reserved[0]}: set by trainforge (data.args.root, data.download, "
                         "data.args.test_split, its own transforms); remove it from data.args.kwargs")
     common = dict(a.kwargs)
+    roots = confined_roots()
+    if roots is not None:  # a job of the server: every file an argument names is under the data roots
+        for field, value in named_paths(a.kwargs, "data.args.kwargs"):
+            confine(value, field, roots)
     if "root" in params:
-        roots = confined_roots()
         common["root"] = a.root if roots is None else str(confine(a.root, "data.args.root", roots))
     if "download" in params:
         common["download"] = download
@@ -101,6 +106,8 @@ def open_parts(cls: type, a: TorchvisionArgs, download: bool) -> list[Dataset]:
         variants = [{"split": "train"}, {"split": a.test_split}]
     else:
         variants = [{}]
+    if roots is not None and "root" in common:
+        check_dataset_files(Path(common["root"]))
     try:
         return [cls(**common, **v) for v in variants]
     except (RuntimeError, OSError) as e:  # torchvision's "Dataset not found ..." or a failed download
@@ -119,6 +126,17 @@ def open_parts(cls: type, a: TorchvisionArgs, download: bool) -> list[Dataset]:
         raise UserError(
             f"data.args.kwargs: {a.name} rejected its arguments ({e}); check data.args.kwargs and data.args.test_split"
         ) from None
+
+
+def check_dataset_files(root: Path) -> None:
+    """In a job of the server, before the dataset is opened: every symbolic link under `root` (class folders of an
+    ImageFolder, files of any dataset) leads to a place under the data roots. One walk of the folder, links judged
+    and not followed: about what torchvision's own listing of a folder dataset costs."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            if path.is_symlink():
+                check_read(path, "data.args.root", root)
 
 
 @SOURCES.register("torchvision")

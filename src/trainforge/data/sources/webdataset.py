@@ -27,6 +27,7 @@ from trainforge.data.image_preprocess import ImagePreprocess
 from trainforge.data.imageio import read_image, read_model_image
 from trainforge.data.manifest import FailureLog, manifest_dir
 from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
+from trainforge.data.roots import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.tar_shards import INDEX, SPLITS, TarShards
 from trainforge.errors import UserError
@@ -83,7 +84,9 @@ def webdataset(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: a directory of `trainforge data prepare --format webdataset`; args image_size (32), grayscale."""
     a = parse_args(WebDatasetArgs, cfg)
     root = require_path(cfg, "a directory written by `trainforge data prepare RECIPE --format webdataset --out DIR`")
+    check_found([root / INDEX], root, "data.path")
     tars = TarShards.open(root)
+    check_found([Path(p) for s in tars.shards for p in (s.path, s.path[:-4] + ".idx.npy")], root, "data.path")
     index = tars.index
     kept = index["prepared_with"]
     if (cfg.val_fraction, cfg.test_fraction) != (kept["val_fraction"], kept["test_fraction"]):
