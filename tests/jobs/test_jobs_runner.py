@@ -25,13 +25,17 @@ def test_train_argv_holds_only_server_made_paths(tmp_path):
     assert argv[-4:] == ["--nproc-per-node", "2", "--resume", "auto"] and "train.device=cpu" not in argv
     wrapped = runner.wrapped_argv("/py", paths, 3, argv)
     assert wrapped[:7] == ["/py", "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit_file), "--attempt", "3"]
-    assert wrapped[7] == "--" and wrapped[8:] == argv
+    assert wrapped[7:10] == ["--sandbox", str(paths.sandbox), "--"] and wrapped[10:] == argv
+    assert runner.wrapped_argv("/py", paths, 3, argv, sandboxed=False)[7:] == ["--", *argv]
 
 
-def test_job_env_pins_devices():
-    assert runner.job_env({"A": "1"}, GPUS)["CUDA_VISIBLE_DEVICES"] == "0,3"
-    env = runner.job_env({}, CPU)
+def test_job_env_pins_devices_and_gives_the_job_its_own_temp_folder(tmp_path):
+    paths = runner.JobPaths(tmp_path / "jobs" / "7")
+    assert runner.job_env({"A": "1"}, GPUS, paths)["CUDA_VISIBLE_DEVICES"] == "0,3"
+    env = runner.job_env({"HOME": "/root", "TMPDIR": "/tmp"}, CPU, paths)
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "1" and env["PYTHONUNBUFFERED"] == "1"
+    for name in ("HOME", "TMPDIR", "TRAINFORGE_HOME", "XDG_CACHE_HOME", "MPLCONFIGDIR"):
+        assert Path(env[name]) == paths.tmp or paths.tmp in Path(env[name]).parents, name
 
 
 @pytest.mark.parametrize("rc, complete, cancel, restarts, expected_state, words", [
@@ -98,7 +102,8 @@ def test_kill_leftovers_stops_every_process_of_a_run(tmp_path):
 
 def _wrapped(tmp_path: Path, code: str, attempt: int = 4) -> tuple[subprocess.Popen, runner.JobPaths]:
     paths = runner.JobPaths(tmp_path)
-    argv = runner.wrapped_argv(sys.executable, paths, attempt, [sys.executable, "-c", code, str(paths.run_dir)])
+    argv = runner.wrapped_argv(sys.executable, paths, attempt, [sys.executable, "-c", code, str(paths.run_dir)],
+                                 sandboxed=False)
     return subprocess.Popen(argv, start_new_session=True), paths
 
 
@@ -116,7 +121,8 @@ def test_wrapper_records_a_signal_and_survives_the_group_sigterm(tmp_path):
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
     paths = runner.JobPaths(tmp_path)
-    argv = runner.wrapped_argv(sys.executable, paths, 1, [sys.executable, "-c", code, str(paths.run_dir)])
+    argv = runner.wrapped_argv(sys.executable, paths, 1, [sys.executable, "-c", code, str(paths.run_dir)],
+                                 sandboxed=False)
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     runner.signal_job(proc.pid, signal.SIGTERM)

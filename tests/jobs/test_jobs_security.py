@@ -286,6 +286,10 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path, monkeypatch, c
 @pytest.mark.slow
 def test_job_processes_get_no_token_and_write_private_files(tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINFORGE_TOKEN", "server-secret-token")
+    secrets = {"MLFLOW_TRACKING_PASSWORD": "op-password-123", "MLFLOW_TRACKING_TOKEN": "op-token-456",
+               "AWS_SECRET_ACCESS_KEY": "aws-secret-789", "HF_TOKEN": "hf-token-000", "SSH_AUTH_SOCK": "/run/ssh-agent"}
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
     service = make_service(tmp_path, "cpu:1")
     assert stat.S_IMODE(service.state_dir.stat().st_mode) == 0o700
     job = service.submit(Submission("digits_cnn", overrides=(*QUICK, "train.max_steps=400")))
@@ -295,7 +299,11 @@ def test_job_processes_get_no_token_and_write_private_files(tmp_path, monkeypatc
         pid = wait_for(lambda: trainer_pid(job_dir), 60, "the trainer to start")
         environ = Path(f"/proc/{pid}/environ").read_bytes()
         assert b"server-secret-token" not in environ and b"TRAINFORGE_TOKEN" not in environ
-        assert ROOTS_ENV.encode() in environ
+        for name, value in secrets.items():  # an allow-list of the server's environment: none of its secrets
+            assert name.encode() not in environ and value.encode() not in environ, name
+        assert ROOTS_ENV.encode() in environ and f"HOME={job_dir / 'tmp'}".encode() in environ
+        status = Path(f"/proc/{pid}/status").read_text()  # inside its fence, without any capability
+        assert "NoNewPrivs:\t1" in status and "CapEff:\t0000000000000000" in status, status
         wait_for(lambda: (job_dir / "run" / "config.yaml").exists(), 60, "the run to write its config")
         for path in (job_dir, job_dir / "run"):
             assert stat.S_IMODE(path.stat().st_mode) == 0o700, path

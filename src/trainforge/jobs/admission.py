@@ -41,9 +41,10 @@ import torch
 from trainforge.data import build_data
 from trainforge.data.loader import epoch_samples
 from trainforge.data.base import DataBundle
-from trainforge.data.roots import confine
+from trainforge.data.roots import confine, named_paths
 from trainforge.distributed.env import DistEnv
 from trainforge.errors import UserError, public_message, quote
+from trainforge.jobs.environment import ALLOW_FLAG, uri_allowed
 from trainforge.jobs.pretrained import confine_pretrained
 from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
@@ -63,11 +64,12 @@ class Admitted:
 
 
 def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], *,
-                    data_roots: Sequence[Path] = (), allow_hub_downloads: bool = False) -> Config:
+                    data_roots: Sequence[Path] = (), allow_hub_downloads: bool = False,
+                    tracking_uri_allow: Sequence[str] = ()) -> Config:
     """The validated config of a submission (UserError with one line otherwise). Reads no file but the
     built-in recipe (and the configs of a pretrained folder it names); every data path and pretrained path is
-    confined to `data_roots` (none: no path is accepted), and a hub id must be in the local cache unless
-    `allow_hub_downloads`."""
+    confined to `data_roots` (none: no path is accepted), a hub id must be in the local cache unless
+    `allow_hub_downloads`, and log.mlflow may name only a tracking server of `tracking_uri_allow`."""
     if recipe_yaml is not None:
         raw = parse_yaml_mapping(recipe_yaml, recipe)
     else:
@@ -90,17 +92,32 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
         raise UserError("data.download: the job server downloads nothing; place the dataset under a data root "
                         "and point data.args.root at it")
     check_names(cfg)
-    if cfg.log.mlflow is not None and urlparse(cfg.log.mlflow.tracking_uri or "").scheme not in ("http", "https"):
-        raise UserError("log.mlflow.tracking_uri: a job on the server logs to a tracking server (http:// or https://); "
-                        "a local store (sqlite:, file:, or none set) would write outside the job's run directory")
+    if cfg.log.mlflow is not None:
+        check_tracking_uri(cfg.log.mlflow.tracking_uri, tracking_uri_allow)
     confined = [(field, str(confine(value, field, data_roots))) for field, value in submitted_paths(cfg)]
     confined += confine_pretrained(cfg, data_roots, allow_hub_downloads=allow_hub_downloads)
     if confined:  # the job reads the real paths that were checked, whatever a symlink says later
         raw = cfg.model_dump(mode="json")
         for field, real in confined:
-            set_dotted(raw, field.split("."), real, label=field)
+            if not any(part.isdigit() for part in field.split(".")):  # one inside a list is checked again by the job
+                set_dotted(raw, field.split("."), real, label=field)
         cfg = config_from_dict(raw)
     return cfg
+
+
+def check_tracking_uri(uri: Optional[str], allowed: Sequence[str]) -> None:
+    """A job logs only to a tracking server its operator allowed (`trainforge server --tracking-uri-allow URI`): the
+    operator's tracking credentials go with the job there, and nowhere else."""
+    field = "log.mlflow.tracking_uri"
+    if urlparse(uri or "").scheme not in ("http", "https"):
+        raise UserError(f"{field}: a job on the server logs to a tracking server (http:// or https://); a local store "
+                        "(sqlite:, file:, or none set) would write outside the job's run directory")
+    if not allowed:
+        raise UserError(f"{field}: this server lets jobs log to no tracking server; its operator names the allowed "
+                        f"ones with `trainforge server {ALLOW_FLAG} URI`")
+    if not uri_allowed(str(uri), allowed):
+        raise UserError(f"{field}: {quote(uri)} is not a tracking server this server allows ({', '.join(allowed)}); "
+                        f"log to one of those, or ask its operator to add it with {ALLOW_FLAG}")
 
 
 def submitted_paths(cfg: Config) -> list[tuple[str, str]]:
@@ -110,6 +127,7 @@ def submitted_paths(cfg: Config) -> list[tuple[str, str]]:
         found.append(("data.path", cfg.data.path))
     if cfg.data.source == "torchvision":  # its root has a relative default: it must be named under a data root
         found.append(("data.args.root", str(cfg.data.args.get("root", "data_cache"))))
+        found += named_paths(cfg.data.args.get("kwargs") or {}, "data.args.kwargs")
     return found
 
 

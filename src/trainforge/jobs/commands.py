@@ -5,6 +5,7 @@
     trainforge server --host 0.0.0.0 --token-file ~/.trainforge-token --data-root /srv/data
                                                            # reachable from other machines: token required
     trainforge server --allow-hub-downloads                # submissions may name hub ids not yet in the cache
+    trainforge server --tracking-uri-allow https://mlflow.corp   # jobs may log there (with this server's credentials)
     trainforge jobs submit digits_cnn train.max_steps=500 --gpus 1 --priority 5 --max-restarts 3
     trainforge jobs list --json
     trainforge jobs logs 3 --follow
@@ -30,6 +31,8 @@ from rich.table import Table
 from trainforge.console import err, out, print_json
 from trainforge.data.roots import parse_roots
 from trainforge.errors import UserError
+from trainforge.jobs.environment import check_env_names, parse_tracking_allow
+from trainforge.jobs import sandbox as fence
 from trainforge.jobs.scheduler import check_placement
 from trainforge.jobs.slots import parse_slots
 
@@ -85,6 +88,16 @@ def server(
     allow_hub_downloads: bool = typer.Option(False, "--allow-hub-downloads", help="Let submissions make this server "
                                              "download pretrained models (Hugging Face hub, torch hub; anonymously). "
                                              "Default: offline, and a hub id must already be in the local cache."),
+    tracking_uri_allow: Optional[List[str]] = typer.Option(None, "--tracking-uri-allow", metavar="URI",
+                                                           help="A tracking server (MLflow, http(s)) jobs may log to "
+                                                           "(repeatable); the MLFLOW_TRACKING_* credentials in this "
+                                                           "server's environment go to these only. Default: none."),
+    job_env: Optional[List[str]] = typer.Option(None, "--job-env", metavar="NAME", help="Pass this variable of the "
+                                                "server's environment on to jobs (repeatable); by default they get an "
+                                                "allow-list (PATH, locale, CUDA/NCCL/torch/HF settings, caches)."),
+    unsandboxed_jobs: bool = typer.Option(False, "--unsandboxed-jobs", help="Run jobs without their Landlock fence "
+                                          "where the kernel has none (Linux < 6.2): a job could then write anything "
+                                          "this user can. Only where every submitter is trusted."),
 ) -> None:
     """Run the job queue: scheduler, job processes, JSON API and web dashboard.
 
@@ -105,6 +118,12 @@ def server(
         raise UserError("--admission-timeout-s / --admission-memory-gb: expected positive numbers")
     check_placement(placement)
     roots = parse_roots(data_root or [])
+    allowed = parse_tracking_allow(tracking_uri_allow or [])
+    passed = check_env_names(job_env or [])
+    abi = fence.landlock_abi()
+    sandboxed = not unsandboxed_jobs or abi >= fence.MIN_ABI  # the flag only matters where there is no fence to put up
+    if sandboxed and abi < fence.MIN_ABI:
+        raise UserError(fence.unfenced_refusal(abi))
     try:
         with socket.create_server((host, port)):
             pass
@@ -119,11 +138,20 @@ def server(
     described = ", ".join(f"{s.id} ({s.memory_bytes / 2**30:.1f} GiB)" for s in slots)
     err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}  data roots: "
               f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}  "
-              f"placement: {placement}  hub downloads: {'allowed' if allow_hub_downloads else 'off'}",
+              f"placement: {placement}  hub downloads: {'allowed' if allow_hub_downloads else 'off'}  tracking "
+              f"servers: {escape(', '.join(allowed) or 'none')}  sandbox: {escape(fence.describe(abi))}",
               highlight=False, soft_wrap=True)
+    if not sandboxed:
+        err.print(f"[bold red]warning:[/bold red] {fence.UNSANDBOXED_FLAG}: jobs run UNFENCED; any job can write, read and "
+                  "overwrite whatever this user can, other jobs' results included", highlight=False, soft_wrap=True)
+    elif abi < fence.SIGNAL_SCOPE_ABI:
+        err.print(f"[yellow]warning:[/yellow] Landlock ABI {abi}: jobs cannot write outside their run directories, but "
+                  f"can signal other processes of this user (ABI {fence.SIGNAL_SCOPE_ABI}, Linux 6.12, scopes them)",
+                  highlight=False, soft_wrap=True)
     service = JobService(store, slots, state_dir, data_roots=roots, admission_timeout_s=admission_timeout_s,
                          admission_memory_bytes=int(admission_memory_gb * 2**30), placement=placement,
-                         allow_hub_downloads=allow_hub_downloads)
+                         allow_hub_downloads=allow_hub_downloads, tracking_uri_allow=allowed, job_env=passed,
+                         sandboxed=sandboxed)
     try:
         serve(service, host=host, port=port, token=secret)
     finally:

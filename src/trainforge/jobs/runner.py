@@ -1,7 +1,7 @@
 """Job processes: start one attempt, find it again after a server restart, judge how it ended.
 
 Each attempt is
-    python -m trainforge.jobs.wrapper --exit-file <job>/exit.json --attempt K -- \\
+    python -m trainforge.jobs.wrapper --exit-file <job>/exit.json --attempt K --sandbox <job>/sandbox.json -- \\
         python -m trainforge train <job>/job.yaml [train.device=cpu train.num_threads=1] \\
         --run-dir <job>/run [--nproc-per-node N] [--resume auto]
 started from an argv list (never a shell) in its own session, in <job>/ as its working directory (so a
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slots import Slot
 
 EXIT_BAD_INPUT = 2  # trainforge's exit code for a user error: retrying cannot help
@@ -51,6 +52,16 @@ class JobPaths:
     def exit_file(self) -> Path:
         return self.job_dir / "exit.json"
 
+    @property
+    def tmp(self) -> Path:
+        """The job's private temp folder (HOME, TMPDIR, its caches): writable by it, kept across its attempts."""
+        return self.job_dir / "tmp"
+
+    @property
+    def sandbox(self) -> Path:
+        """The fence the wrapper puts around the trainer (jobs/sandbox.py), written by the server."""
+        return self.job_dir / "sandbox.json"
+
 
 def train_argv(python: str, paths: JobPaths, slots: Sequence[Slot], resume: bool) -> list[str]:
     """The trainer's command line; everything in it is a path the server made or a fixed token."""
@@ -65,13 +76,17 @@ def train_argv(python: str, paths: JobPaths, slots: Sequence[Slot], resume: bool
     return argv
 
 
-def wrapped_argv(python: str, paths: JobPaths, attempt: int, argv: Sequence[str]) -> list[str]:
+def wrapped_argv(python: str, paths: JobPaths, attempt: int, argv: Sequence[str], sandboxed: bool = True) -> list[str]:
+    fence = ["--sandbox", str(paths.sandbox)] if sandboxed else []
     return [python, "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit_file), "--attempt", str(attempt),
-            "--", *argv]
+            *fence, "--", *argv]
 
 
-def job_env(base: dict[str, str], slots: Sequence[Slot]) -> dict[str, str]:
+def job_env(base: dict[str, str], slots: Sequence[Slot], paths: JobPaths) -> dict[str, str]:
+    """`base` (the allow-listed part of the server's environment, jobs/environment.py) plus what this attempt needs:
+    its devices, and its own temp folder as HOME, TMPDIR and cache."""
     env = dict(base)
+    env.update(private_cache_env(paths.tmp))
     env["PYTHONUNBUFFERED"] = "1"  # the log shows lines as they are printed
     if slots and slots[0].kind == "gpu":
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s.index) for s in slots)

@@ -4,7 +4,7 @@
     serve(service, host="127.0.0.1", port=8765)           # uvicorn, what `trainforge server` runs
 
 API (JSON; with a token every call needs `Authorization: Bearer <token>`):
-    GET  /api/health                      {"ok", "slots"}
+    GET  /api/health                      {"ok", "slots", "sandboxed"}
     GET  /api/jobs                        [job]               job: {"id", "name", "state", "gpus", "restarts", "run_dir", ...}
     POST /api/jobs                        {"recipe", "recipe_yaml"?, "overrides"?, "gpus"?, "priority"?, "max_restarts"?}
                                           -> 201 job | 400 {"detail": one line} | 503 busy (retry)
@@ -205,7 +205,7 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
 
     @app.get("/api/health")
     def health() -> dict[str, Any]:
-        return {"ok": True, "slots": len(service.slots)}
+        return {"ok": True, "slots": len(service.slots), "sandboxed": service.sandboxed}
 
     @app.get("/api/jobs", response_model=list[JobOut])
     def list_jobs() -> list[dict[str, Any]]:

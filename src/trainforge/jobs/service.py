@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,12 +41,16 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+import yaml
+
 from trainforge.errors import UserError
 from trainforge.files import write_text_atomic
 from trainforge.jobs import runner
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
-from trainforge.jobs.pretrained import HUB_SECRET_ENV, hub_env
+from trainforge.jobs import sandbox
+from trainforge.jobs.environment import inherited_env, model_caches, tracking_secrets, uri_allowed
+from trainforge.jobs.pretrained import hub_env
 from trainforge.jobs.progress import progress
 from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check_placement, never_fits
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
@@ -59,7 +64,6 @@ log = logging.getLogger("trainforge.jobs")
 
 CANCEL_GRACE_S = 60.0  # SIGTERM, then SIGKILL if the trainer has not checkpointed and exited by then
 ADMITTED_CACHE_SIZE = 256  # checked submissions remembered (an identical resubmission is not checked again)
-SECRET_ENV = ("TRAINFORGE_TOKEN", *HUB_SECRET_ENV)  # never passed on to job processes
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 
 
@@ -83,9 +87,14 @@ class JobService:
                  env: Optional[dict[str, str]] = None, data_roots: Sequence[Path] = (),
                  admission_timeout_s: float = DEFAULT_TIMEOUT_S, admission_memory_bytes: int = DEFAULT_MEMORY_BYTES,
                  admission_parallel: int = DEFAULT_PARALLEL, placement: str = PLACEMENTS[0],
-                 allow_hub_downloads: bool = False) -> None:
+                 allow_hub_downloads: bool = False, tracking_uri_allow: Sequence[str] = (),
+                 job_env: Sequence[str] = (), sandboxed: bool = True) -> None:
         if not slots:
             raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
+        abi = sandbox.landlock_abi()
+        if sandboxed and abi < sandbox.MIN_ABI:
+            raise UserError(sandbox.unfenced_refusal(abi))
+        self.sandboxed = sandboxed
         self.placement = check_placement(placement)  # spread: least-loaded slots; pack: best fit (jobs/scheduler.py)
         self.store = store
         self.slots = list(slots)
@@ -97,12 +106,17 @@ class JobService:
         self.python = python
         self.data_roots = tuple(data_roots)
         self.allow_hub_downloads = allow_hub_downloads  # else a hub id must be cached, and nothing downloads
-        self.env = {k: v for k, v in (os.environ if env is None else env).items() if k not in SECRET_ENV}
-        self.env[ROOTS_ENV] = roots_env(self.data_roots)  # the job's data sources enforce the same roots
-        self.env.update(hub_env(allow_hub_downloads))
+        self.tracking_uri_allow = tuple(tracking_uri_allow)  # the only tracking servers a job may log to
+        server_env = os.environ if env is None else env
+        self.caches = model_caches(server_env)
+        # an allow-list, never the whole environment: the operator's secrets stay with the operator
+        self.env = {**inherited_env(server_env, job_env), **self.caches, ROOTS_ENV: roots_env(self.data_roots),
+                    **hub_env(allow_hub_downloads)}
+        self.tracking_secrets = tracking_secrets(server_env)  # only for a job whose tracking server is allowed
         self.checker = SizeChecker(data_roots=self.data_roots, timeout_s=admission_timeout_s,
                                    memory_bytes=admission_memory_bytes, max_parallel=admission_parallel,
-                                   allow_hub_downloads=allow_hub_downloads)
+                                   allow_hub_downloads=allow_hub_downloads, caches=list(self.caches.values()),
+                                   sandboxed=sandboxed)
         self._lock = threading.RLock()
         self._popens: dict[int, subprocess.Popen] = {}
         self._cancel_deadline: dict[int, float] = {}
@@ -186,7 +200,7 @@ class JobService:
         from trainforge.jobs.admission import load_submission  # heavy (torch): imported by start()'s warm-up
 
         cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots,
-                              allow_hub_downloads=self.allow_hub_downloads)
+                              allow_hub_downloads=self.allow_hub_downloads, tracking_uri_allow=self.tracking_uri_allow)
         admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots)
         with self._admitted_lock:
             self._admitted[key] = admitted
@@ -312,6 +326,7 @@ class JobService:
             log.warning("job %d: %s; requeued (restart %d of %d)", job.id, outcome.reason, job.restarts + 1, job.max_restarts)
         else:
             self.store.finish(job.id, outcome.state, outcome.reason)
+            shutil.rmtree(paths.tmp, ignore_errors=True)  # its temp files and caches: the run directory stays
             self._note(job.id, f"attempt {job.attempt} ended: {outcome.state}" + (f" ({outcome.reason})" if outcome.reason else ""))
             log.info("job %d %s%s", job.id, outcome.state, f": {outcome.reason}" if outcome.reason else "")
 
@@ -338,11 +353,16 @@ class JobService:
             private_dir(paths.job_dir)
             write_text_atomic(paths.recipe, job.config_yaml, mode=PRIVATE_FILE)  # what was accepted, whatever a stale directory holds
             runner.kill_leftovers(paths.run_dir)
+            for folder in (paths.run_dir, paths.tmp):  # they must exist for the fence to let the job write them
+                private_dir(folder)
+            if self.sandboxed:
+                self._policy(paths).save(paths.sandbox)
             argv = runner.train_argv(self.python, paths, slots, resume=job.resume)
             header = (f"attempt {job.attempt} on {', '.join(job.slots)} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                       f"{' '.join(argv[1:])}")
-            popen = runner.start_attempt(paths, runner.wrapped_argv(self.python, paths, job.attempt, argv),
-                                         runner.job_env(self.env, slots), header)
+            popen = runner.start_attempt(paths, runner.wrapped_argv(self.python, paths, job.attempt, argv,
+                                                                    sandboxed=self.sandboxed),
+                                         runner.job_env(self._job_env(job), slots, paths), header)
         except OSError as e:
             self.store.finish(job.id, "failed", f"cannot start the job's process: {e}")
             log.error("job %d: cannot start: %s", job.id, e)
@@ -350,6 +370,24 @@ class JobService:
         self._popens[job.id] = popen
         self.store.set_process(job.id, popen.pid, runner.start_ticks(popen.pid))
         log.info("job %d attempt %d started on %s (pid %d)", job.id, job.attempt, ",".join(job.slots), popen.pid)
+
+    def _policy(self, paths: runner.JobPaths) -> sandbox.Policy:
+        """The job's fence: it writes its run directory and temp folder, reads its folder, the roots and caches."""
+        return sandbox.job_policy(run_dir=paths.run_dir, tmp_dir=paths.tmp, job_dir=paths.job_dir,
+                                  data_roots=self.data_roots, caches=[Path(c) for c in self.caches.values()],
+                                  writable_caches=self.allow_hub_downloads)
+
+    def _job_env(self, job: Job) -> dict[str, str]:
+        """The server's allow-listed environment, plus its tracking credentials when the job logs to a tracking
+        server the operator allowed (checked again now: the allow-list may have changed since admission)."""
+        try:
+            doc = yaml.safe_load(job.config_yaml) or {}
+            uri = ((doc.get("log") or {}).get("mlflow") or {}).get("tracking_uri")
+        except (yaml.YAMLError, AttributeError):
+            uri = None
+        if isinstance(uri, str) and uri_allowed(uri, self.tracking_uri_allow):
+            return {**self.env, **self.tracking_secrets}
+        return dict(self.env)
 
     def _note(self, job_id: int, text: str) -> None:
         """A line from the server in the job's log (the log tells the job's whole story)."""

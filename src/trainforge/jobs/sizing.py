@@ -11,7 +11,9 @@ deadline after which it is killed, and at most `max_parallel` checks at a time: 
 answered at once with "busy" instead of waiting behind a slow one. The child reports only a public line
 (`errors.public_message`); its full error goes to the server's log. It runs with the data roots and the hub
 settings of the jobs (`pretrained.hub_env`: offline unless the operator allowed downloads) in an empty folder
-of its own, so no relative name a submission gives reaches a file of the server's working directory.
+of its own, so no relative name a submission gives reaches a file of the server's working directory, and inside
+the job's fence made read-only (jobs/sandbox.py: it reads the roots, the caches and the software, and writes only
+that folder, its cache included): whatever the data sources' checks miss, the check cannot read it either.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from trainforge.config import config_from_yaml_text
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
 from trainforge.errors import UserError
+from trainforge.jobs import sandbox
 from trainforge.jobs.pretrained import apply_hub_env, hub_env
 from trainforge.jobs.slots import Slot
 
@@ -50,8 +53,9 @@ class Busy(UserError):
 class SizeChecker:
     def __init__(self, *, data_roots: Sequence[Path] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
                  memory_bytes: int = DEFAULT_MEMORY_BYTES, max_parallel: int = DEFAULT_PARALLEL,
-                 allow_hub_downloads: bool = False) -> None:
+                 allow_hub_downloads: bool = False, caches: Sequence[str] = (), sandboxed: bool = True) -> None:
         self.child_env = {ROOTS_ENV: roots_env(data_roots), **hub_env(allow_hub_downloads)}
+        self.fence = (tuple(data_roots), tuple(Path(c) for c in caches)) if sandboxed else None
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
         self.max_parallel = max_parallel
@@ -72,8 +76,14 @@ class SizeChecker:
             self._free.release()
 
     def _run(self, cfg_yaml: str, num_gpus: int, slots: list[Slot]) -> Admitted:
+        # the check's own folder, made and removed here: inside its fence the child may write in it, not remove it
+        with tempfile.TemporaryDirectory(prefix="trainforge-check-") as workdir:
+            return self._run_in(workdir, cfg_yaml, num_gpus, slots)
+
+    def _run_in(self, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot]) -> Admitted:
         receive, send = CONTEXT.Pipe(duplex=False)
-        proc = CONTEXT.Process(target=_check, args=(send, cfg_yaml, num_gpus, slots, self.child_env, self.memory_bytes),
+        proc = CONTEXT.Process(target=_check, args=(send, workdir, cfg_yaml, num_gpus, slots, self.child_env,
+                                                    self.memory_bytes, self.fence),
                                daemon=True, name="trainforge-size-check")
         proc.start()
         send.close()
@@ -115,17 +125,22 @@ def _cap_memory(extra_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
 
 
-def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str], memory_bytes: int) -> None:
+def _check(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
+           memory_bytes: int, fence: Optional[tuple[tuple[Path, ...], tuple[Path, ...]]]) -> None:
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
     import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
 
     from trainforge.jobs.admission import size_submission  # heavy (torch): loaded in the child, as above
 
-    workdir = tempfile.TemporaryDirectory(prefix="trainforge-check-")
     try:
         torch.set_num_threads(1)  # one core per check: the server and the running jobs keep theirs
         apply_hub_env(env)  # the data sources enforce the roots, and the hub stays offline, as in the job itself
-        os.chdir(workdir.name)  # empty: a relative name ("org/name") can only be a hub id, never a folder of ours
+        os.chdir(workdir)  # empty: a relative name ("org/name") can only be a hub id, never a folder of ours
+        os.environ.update(TMPDIR=workdir, TRAINFORGE_HOME=os.path.join(workdir, "trainforge"))
+        tempfile.tempdir = workdir  # the fork server may have looked it up already
+        if fence is not None:  # the job's fence, read-only: the roots, the caches, the software; writes in workdir
+            data_roots, caches = fence
+            sandbox.restrict(sandbox.check_policy(tmp_dir=Path(workdir), data_roots=data_roots, caches=caches))
         _cap_memory(memory_bytes)
         result: tuple[str, Any] = ("ok", size_submission(config_from_yaml_text(cfg_yaml), num_gpus, slots))
     except UserError as e:
@@ -144,4 +159,3 @@ def _check(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict
                                "the details")
     conn.send(result)
     conn.close()
-    workdir.cleanup()
