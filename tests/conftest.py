@@ -17,6 +17,7 @@ os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="trainforge-test-home-")
 atexit.register(shutil.rmtree, os.environ["TRAINFORGE_HOME"], ignore_errors=True)
 
 from chromium import headless_chromium
+from mlflow_server import run_mlflow_server
 from postgres_server import Postgres, postgres_bin
 
 
@@ -39,3 +40,9 @@ def postgres_url():
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` for the session (SQLite backend, artifacts through its proxy): its URL."""
+    yield from run_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))

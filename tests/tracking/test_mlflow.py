@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 import warnings
 from pathlib import Path
 
@@ -22,6 +19,7 @@ from mlflow import MlflowClient
 import trainforge
 from trainforge.cli import main
 from trainforge.metrics_file import read_metrics
+from postgres_server import free_port
 
 SRC = str(Path(trainforge.__file__).resolve().parents[1])
 HERE = str(Path(__file__).parent)
@@ -82,38 +80,6 @@ def test_the_embedded_store_holds_the_run_its_model_and_a_second_run(tmp_path):
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(r.info.run_name for r in runs) == ["a", "b"]
     assert Path(experiment.artifact_location.removeprefix("file://")) == root / "mlflow-artifacts"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """`mlflow server` on the loopback with a SQLite backend and its own artifact store; stopped at the end."""
-    home = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{home / 'server.db'}", "--artifacts-destination",
-                             str(home / "artifacts"), "--workers", "1"],
-                            stdout=subprocess.DEVNULL, stderr=open(home / "server.log", "w"), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-        assert time.monotonic() < deadline, "mlflow server did not start"
-        time.sleep(0.3)
-    yield url
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -31,12 +31,14 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
+from urllib.parse import urlsplit
 
 import yaml
 
 from trainforge.config import MlflowConfig
-from trainforge.errors import UserError
+from trainforge.data.roots import confined_roots
+from trainforge.errors import UserError, quote
 from trainforge.files import write_text_atomic
 from trainforge.metrics_file import read_metrics
 
@@ -57,6 +59,61 @@ END_STATUS = {"completed": "FINISHED", "early_stopped": "FINISHED", "interrupted
 
 class TrackingError(Exception):
     """The tracker could not be reached or refused something: the run goes on, `trainforge runs sync` later."""
+
+
+class ArtifactsRefused(TrackingError):
+    """A job of the server was told to store artifacts somewhere other than its tracking server's artifact proxy:
+    nothing is uploaded (the run goes on, its files complete); said in one line."""
+
+
+PROXIED = ("mlflow-artifacts",)  # the tracking server's own artifact proxy (`mlflow server --serve-artifacts`)
+RESOLVING = ("runs", "models")  # names of other artifact locations, each judged when MLflow resolves it
+
+
+def check_artifact_uri(artifact_uri: str, uri: str, what: str) -> None:
+    """In a job of the server: artifacts go only to the tracking server `uri` itself, through its artifact proxy
+    (`mlflow-artifacts:` on the same host, or http(s) on the same scheme and host). A local scheme (`file:`, a bare
+    path) would write on this machine, wherever the tracking server says; another host would get the operator's
+    credentials. ArtifactsRefused otherwise."""
+    parts, tracking = urlsplit(artifact_uri), urlsplit(uri)
+    scheme, netloc = parts.scheme.lower(), parts.netloc.lower()
+    if scheme in PROXIED and netloc in ("", tracking.netloc.lower()):
+        return
+    if scheme == tracking.scheme.lower() and scheme in ("http", "https") and netloc == tracking.netloc.lower():
+        return
+    raise ArtifactsRefused(f"log.mlflow: the tracking server {uri} keeps this run's {what} at {quote(artifact_uri)}, "
+                           "not behind its own artifact proxy (mlflow-artifacts:); a job of the server stores nothing "
+                           "there, so this run is not mirrored to MLflow (its files are complete; ask the operator to "
+                           "serve artifacts through the tracking server)")
+
+
+def guard_artifact_repositories(uri: str, own: Sequence[Path]) -> None:
+    """Every artifact repository MLflow opens in this process goes through `check_artifact_uri` first (models it
+    logs included, whose location the tracking server chooses separately), through MLflow's own registry of
+    repositories, the point where plugins add theirs. Local folders under `own` (the run directory, the temp
+    folder) stay open: MLflow copies a model's files from there before uploading them."""
+    from mlflow.store.artifact.artifact_repository_registry import _artifact_repository_registry as registry  # optional
+
+    mine = [Path(os.path.realpath(p)) for p in own]
+
+    def is_own(artifact_uri: str) -> bool:
+        parts = urlsplit(artifact_uri)
+        if parts.scheme.lower() not in ("", "file") or parts.netloc not in ("", "localhost"):
+            return False
+        real = Path(os.path.realpath(parts.path))
+        return any(real == m or m in real.parents for m in mine)
+
+    for scheme, factory in list(registry.get_registered_artifact_repositories().items()):
+        if scheme in RESOLVING or getattr(factory, "trainforge_guarded", False):
+            continue
+
+        def guarded(artifact_uri: str, *args: Any, _factory: Any = factory, **kwargs: Any) -> Any:
+            if not is_own(artifact_uri):
+                check_artifact_uri(artifact_uri, uri, "artifacts")
+            return _factory(artifact_uri, *args, **kwargs)
+
+        guarded.trainforge_guarded = True  # type: ignore[attr-defined]
+        registry.register(scheme, guarded)
 
 
 def require_mlflow() -> None:
@@ -169,6 +226,8 @@ class RunTracker:
         self.state = SyncState.read(self.run_dir, self.uri)
         self.lock = threading.Lock()  # the follower's thread and the final sync never upload at once
         self.resumed = False  # this process has marked a continued MLflow run as running again
+        self.confined = confined_roots() is not None  # a job of the server: artifacts only through the proxy
+        self.checked = False  # this process has checked where the run's artifacts go
 
     def sync(self, status: Optional[str] = None) -> SyncState:
         """Upload what is new. `status` (an MLflow run status): the run is over: every row, the final model, the end
@@ -194,6 +253,8 @@ class RunTracker:
         elif status is None and not self.resumed:
             client.update_run(self.state.run_id, status="RUNNING")  # a resumed run is running again
             self.resumed = True
+        if self.confined and not self.checked:  # before this process uploads anything
+            self._check_artifacts(client)
         if not self.state.params:
             self._log_params(client)
         self._log_metrics(client, final=status == "FINISHED")  # a failed run may be resumed: its rows may change
@@ -205,6 +266,13 @@ class RunTracker:
                 if (self.run_dir / "compressed" / COMPRESS_RECORD).is_file():
                     self._log_onnx()
             client.set_terminated(self.state.run_id, status=status)
+
+    def _check_artifacts(self, client: Any) -> None:
+        guard_artifact_repositories(self.uri, own=(self.run_dir, Path(tempfile.gettempdir())))
+        experiment = client.get_experiment(self.state.experiment_id)
+        check_artifact_uri(str(experiment.artifact_location), self.uri, "experiment's artifacts")
+        check_artifact_uri(str(client.get_run(self.state.run_id).info.artifact_uri), self.uri, "artifacts")
+        self.checked = True
 
     def _exists(self, client: Any) -> bool:
         from mlflow.exceptions import MlflowException  # optional dependency, see _sync
@@ -385,6 +453,9 @@ class Following:
             return
         try:
             self.tracker.sync(status)
+        except ArtifactsRefused as e:  # not a failure to retry later: a refusal, in one line
+            self.failed = True
+            print(str(e), file=sys.stderr, flush=True)
         except (TrackingError, UserError) as e:
             self.failed = True
             warn_failed(self.tracker, str(e))
