@@ -5,7 +5,6 @@ swapped in after the job was admitted; and the fence alone, with the check switc
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +18,7 @@ with warnings.catch_warnings():  # starlette's note about its httpx-based TestCl
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from jobs_helpers import QUICK, make_service, stop_all_jobs, wait_for
+from jobs_helpers import QUICK, landlock_missing, make_service, stop_all_jobs, wait_for
 from trainforge.data.prepare import prepare_data
 from trainforge.jobs import runner, sandbox
 from trainforge.jobs.server import create_app
@@ -29,6 +28,8 @@ from trainforge.jobs.store import FINAL_STATES
 CLIENT = {"X-Trainforge-Client": "test"}
 SMALL = ["model.name=mlp", "model.args={}", "data.augment.rotation_deg=0", "data.augment.crop_scale=null",
          "train.global_batch_size=8", "data.normalize=none"]
+
+pytestmark = pytest.mark.skipif(bool(landlock_missing()), reason=landlock_missing() or "-")
 
 
 def write_images(folder: Path, per_class: int = 6) -> Path:

@@ -103,7 +103,7 @@ def test_kill_leftovers_stops_every_process_of_a_run(tmp_path):
 def _wrapped(tmp_path: Path, code: str, attempt: int = 4) -> tuple[subprocess.Popen, runner.JobPaths]:
     paths = runner.JobPaths(tmp_path)
     argv = runner.wrapped_argv(sys.executable, paths, attempt, [sys.executable, "-c", code, str(paths.run_dir)],
-                                 sandboxed=False)
+                               sandboxed=False)
     return subprocess.Popen(argv, start_new_session=True), paths
 
 
@@ -122,7 +122,7 @@ def test_wrapper_records_a_signal_and_survives_the_group_sigterm(tmp_path):
             "time.sleep(60)\n")
     paths = runner.JobPaths(tmp_path)
     argv = runner.wrapped_argv(sys.executable, paths, 1, [sys.executable, "-c", code, str(paths.run_dir)],
-                                 sandboxed=False)
+                               sandboxed=False)
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     runner.signal_job(proc.pid, signal.SIGTERM)

@@ -12,15 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from jobs_helpers import make_service
+from jobs_helpers import landlock_missing, make_service
 from trainforge.errors import UserError
 from trainforge.jobs import runner
 from trainforge.jobs import sandbox
-from trainforge.jobs.environment import inherited_env, parse_tracking_allow, uri_allowed
+from trainforge.jobs.environment import parse_tracking_allow, uri_allowed
 
 SECRETS = {"MLFLOW_TRACKING_USERNAME": "op-user-321", "MLFLOW_TRACKING_PASSWORD": "op-password-123",
            "MLFLOW_TRACKING_TOKEN": "op-token-456", "AWS_SECRET_ACCESS_KEY": "aws-secret-789",
            "HF_TOKEN": "hf-token-000", "DATABASE_URL_PASSWORD": "db-pass", "TRAINFORGE_TOKEN": "api-token"}
+
+pytestmark = pytest.mark.skipif(bool(landlock_missing()), reason=landlock_missing() or "-")
 
 
 def tree_digest(folder: Path) -> dict[str, str]:
@@ -147,7 +149,7 @@ def test_without_landlock_the_server_refuses_to_start_unless_told_to_run_jobs_un
 
     monkeypatch.setattr(sandbox, "landlock_abi", lambda: 2)  # Linux 5.19: no truncate rule, so no fence
     with pytest.raises(UserError, match="--unsandboxed-jobs: this kernel .* has Landlock ABI 2; fencing jobs needs ABI 3"):
-        make_service(tmp_path)
+        make_service(tmp_path, sandboxed=True)
     code, out, err = cli(capsys, "server", "--state-dir", str(tmp_path / "s"), "--gpus", "cpu:1")
     assert code == 2 and out == "" and err.count("\n") == 1 and "--unsandboxed-jobs" in err
     assert not (tmp_path / "s").exists()  # refused before anything was created

@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 from fake_tracking import FakeTracking
-from jobs_helpers import QUICK, make_service, stop_all_jobs, wait_for, with_steps
+from jobs_helpers import landlock_missing, make_service, stop_all_jobs, wait_for, with_steps
 from test_jobs_sandbox import SECRETS, tree_digest
 from trainforge.errors import UserError
 from trainforge.jobs.service import Submission
 from trainforge.jobs.store import FINAL_STATES
 
 REFUSAL = "not behind its own artifact proxy (mlflow-artifacts:); a job of the server stores nothing there"
+
+pytestmark = pytest.mark.skipif(bool(landlock_missing()), reason=landlock_missing() or "-")
 
 
 def run_all(service, jobs, timeout_s: float = 240) -> list:
