@@ -30,7 +30,7 @@ from trainforge.config import builtin_recipes, load_config
 from trainforge.console import err, out, print_json
 from trainforge.distributed.launch import launch as launch_run, report_user_error
 from trainforge.distributed.manifests import launch_text
-from trainforge.errors import JobFailed, UserError
+from trainforge.errors import JobFailed, UserError, printable
 from trainforge.files import write_text_atomic
 from trainforge.hardware.catalog import catalog_rows, load_catalog
 from trainforge.jobs.commands import register as register_jobs
@@ -427,11 +427,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: user errors exit 2 with one line, job failures exit 1."""
     try:
         app(args=argv)  # standalone: typer/click handle usage errors (exit 2) and call sys.exit
-    except UserError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+    except UserError as e:  # printable: a path or a server's answer may hold an ESC; the terminal shows it as \x1b
+        err.print(f"[red]error:[/red] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except JobFailed as e:
-        err.print(f"[red]failed:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        err.print(f"[red]failed:[/red] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:  # a second Ctrl-C during training, or one outside it
         err.print("interrupted")

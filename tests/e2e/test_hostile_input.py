@@ -82,3 +82,68 @@ def test_absurd_values_are_one_short_line(name, tmp_path, capsys):
 def test_a_recipe_given_as_a_device_is_not_read_forever(tmp_path, capsys):
     code, err, seconds = run_cli(["train", "/dev/zero", *QUICK, "--run-dir", str(tmp_path / "run")], capsys)
     assert code == 2 and seconds < 5 and len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- control characters, huge integers, bad dates
+
+DIGITS = "5" * 5000  # past Python's 4300-digit limit of int(str)
+HIDDEN = ("\x00", "\x1b", "\x07", "\x7f", "\x9b")
+
+
+def one_clean_line(code: int, err: str) -> str:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[:3000]
+    assert not any(c in err for c in HIDDEN), repr(err)  # a control character is shown as its escape, never sent
+    return lines[0]
+
+
+VALUES = {  # recipe file content -> what the one line says (each was a traceback)
+    "ESC in the text": (b"name: a\x1b[2Jb\n", "{recipe}: a control character ('\\x1b') in the text"),
+    "NUL in the text, line 2": (b"seed: 1\nname: a\x00b\n", "{recipe}: line 2: a control character ('\\x00')"),
+    "DEL in the text": (b"name: a\x7fb\n", "{recipe}: a control character ('\\x7f')"),
+    "ESC as a YAML escape": (b'name: "a\\e[2Jb"\n', "name: a control character ('\\x1b') in the value"),
+    "NUL in data.path as a YAML escape": (b'data:\n  source: csv\n  path: "/data/a\\0b.csv"\n',
+                                          "data.path: a control character ('\\x00') in the value"),
+    "C1 CSI in a key": (b'model:\n  args:\n    "k\\x9b": 1\n', "model.args: the key 'k\\x9b' holds a control character"),
+    "tab in the name": (b'name: "a\\tb"\n', "name: a control character ('\\t') in the name"),
+    "5000-digit integer": (f"seed: {DIGITS}\n".encode(), "{recipe}: an integer of 5000 digits"),
+    "impossible date": (b"seed: 1\nname: 2024-13-45\n", "{recipe}: line 2: '2024-13-45' is not a valid timestamp"),
+    "!!timestamp that is no date": (b"model:\n  args:\n    x: !!timestamp foo\n",
+                                    "{recipe}: line 3: 'foo' is not a valid timestamp"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VALUES))
+def test_hostile_values_in_a_recipe_are_one_line_naming_the_field(name, tmp_path, capsys):
+    content, expected = VALUES[name]
+    recipe = tmp_path / "x.yaml"
+    recipe.write_bytes(content)
+    code, err, _ = run_cli(["train", str(recipe), *QUICK, "--run-dir", str(tmp_path / "run")], capsys)
+    assert expected.format(recipe=recipe) in one_clean_line(code, err)
+    assert not (tmp_path / "run").exists()
+
+
+HOSTILE_OVERRIDES = {
+    "ESC in the name": (["name=evil\x1b[2J\x1b[31m"], "name: a control character ('\\x1b') in the value"),
+    "NUL in data.path": (["data.source=csv", "data.path=/data/a\0b.csv"], "data.path: a control character ('\\x00')"),
+    "DEL in a key": (["train.epochs\x7f=1"], "'train.epochs\\x7f': a control character ('\\x7f') in the key"),
+    "lone surrogate": (["model.args.x=a\udc80"], "model.args.x: a lone surrogate ('\\udc80'"),
+    "right-to-left override in the name": (["name=txt.\u202eexe"], "name: an invisible character ('\\u202e')"),
+    "5000-digit integer": ([f"seed={DIGITS}"], "seed: an integer of 5000 digits"),
+    "5000-digit hex integer in model.args": ([f"model.args.width=0x{'f' * 5000}"], "model.args.width: an integer of"),
+    "impossible date": (["model.args.x=2024-02-30"], "model.args.x: '2024-02-30' is not a valid timestamp"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_OVERRIDES))
+def test_hostile_override_values_are_one_line_naming_the_field(name, tmp_path, capsys):
+    overrides, expected = HOSTILE_OVERRIDES[name]
+    code, err, _ = run_cli(["train", *QUICK, *overrides, "--run-dir", str(tmp_path / "run")], capsys)
+    assert expected in one_clean_line(code, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_error_naming_a_path_with_an_escape_shows_it_escaped(tmp_path, capsys):
+    recipe = f"{tmp_path}/clear\x1b[2J.yaml"
+    code, err, _ = run_cli(["train", recipe, *QUICK], capsys)
+    assert f"{tmp_path}/clear\\x1b[2J.yaml: recipe file not found" in one_clean_line(code, err)
