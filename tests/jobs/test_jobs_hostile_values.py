@@ -5,7 +5,9 @@ Each is performed through the API (or the CLI against a live server): a 400 with
 whatever is shown shows the characters as escapes."""
 from __future__ import annotations
 
+import io
 import json
+import subprocess
 import warnings
 
 import pytest
@@ -14,11 +16,14 @@ with warnings.catch_warnings():  # starlette's note about its httpx-based TestCl
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from jobs_helpers import QUICK, make_service
+import trainforge.cli
+import trainforge.console
+from jobs_helpers import QUICK, LiveServer, make_service
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import confine, local_path
 from trainforge.errors import UserError
 from trainforge.jobs.server import create_app
+from trainforge.jobs.serverlog import log_to
 
 CLIENT = {"X-Trainforge-Client": "test", "Content-Type": "application/json"}
 DIGITS = "5" * 5000  # past Python's 4300-digit limit of int(str)
@@ -137,3 +142,54 @@ def test_a_plain_name_with_spaces_and_unicode_is_accepted(api):
     assert r.status_code == 201 and r.json()["name"] == "Zoë's run №2", r.text
     r = post(api, override("name=a\r\nb"))  # a plain YAML value: the line break is folded into a space
     assert r.status_code == 201 and r.json()["name"] == "a b", r.text
+
+
+# ---------------------------------------------------------------- escaped wherever echoed
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        trainforge.cli.main(list(argv))
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_a_job_from_before_names_were_checked_is_shown_escaped(tmp_path, capsys, monkeypatch):
+    """A job in the database with an ESC in its name, and whose output ended in colour codes: `jobs list`,
+    `jobs show` and `jobs logs` show the escapes as text, and the server's log line for it does too."""
+    service = make_service(tmp_path)
+    evil = "evil\x1b[2J\x1b]0;pwned\x07"
+    job = service.store.create(
+        job_dir_for=lambda i: str(service.paths(i).job_dir), name=evil, recipe="digits_cnn",
+        overrides=[f"name={evil}"], config_yaml="name: old\n", num_gpus=1, priority=0, max_restarts=0,
+        memory_bytes=2**20, total_steps=10)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert service.store.claim(job.id, ["cpu0"]) and service.store.set_process(job.id, gone.pid, None)
+    log_file = service.paths(job.id).log
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text("step\t1\r\n\x1b[31mdata error in row 3\x1b[0m\x00\n")
+
+    stream = io.StringIO()
+    with log_to(stream):  # as `trainforge server` logs
+        service.reconcile()  # the process is gone: the job fails with its last log line as the reason
+    server_log = stream.getvalue()
+    assert "job 1 failed" in server_log and "\\x1b[31mdata error in row 3\\x1b[0m\\x00" in server_log, server_log
+    assert not any(c in server_log for c in "\x00\x1b\x07"), repr(server_log)
+
+    monkeypatch.setattr(trainforge.console.out, "width", 200)  # table cells on one line each
+    with LiveServer(service, manage_service=False) as server:
+        code, listed, _ = cli(capsys, "jobs", "list", "--server", server.url)
+        assert code == 0 and "evil\\x1b[2J\\x1b]0;pwned\\x07" in listed, listed
+        code, shown, _ = cli(capsys, "jobs", "show", "1", "--server", server.url)
+        assert code == 0 and "evil\\x1b[2J" in shown and "\\x1b[31mdata" in " ".join(shown.split()), shown
+        code, logs, _ = cli(capsys, "jobs", "logs", "1", "--server", server.url)
+        assert code == 0 and "step\t1\n\\x1b[31mdata error in row 3\\x1b[0m\\x00\n" in logs, repr(logs)
+        code, as_json, _ = cli(capsys, "jobs", "list", "--json", "--server", server.url)
+        assert code == 0 and json.loads(as_json)[0]["name"] == evil  # the JSON contract carries the data itself
+    for output in (listed, shown, logs, as_json):
+        assert not any(c in output for c in "\x00\x1b\x07\r"), repr(output)
