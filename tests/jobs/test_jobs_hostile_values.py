@@ -144,6 +144,23 @@ def test_a_plain_name_with_spaces_and_unicode_is_accepted(api):
     assert r.status_code == 201 and r.json()["name"] == "a b", r.text
 
 
+@pytest.mark.parametrize("patterns, words", [
+    ("[nomatch*]", ["train.freeze[0]: 'nomatch*' matches no parameter of this model", "features."]),
+    ("['re:(']", ["train.freeze[0]: 're:(' is not a regular expression"]),
+    ("['*']", ["train.freeze: every parameter is frozen"]),
+])
+def test_a_freeze_pattern_error_says_what_is_wrong_with_train_freeze(api, patterns, words):
+    """Found in the capped check (the model is built there): the line is public, it holds only the submitter's
+    own pattern and the built-in model's parameter names."""
+    detail = refused(post(api, override(f"train.freeze={patterns}")), *words)
+    assert "cannot be used as given" not in detail and "failed" not in detail
+
+
+def test_a_param_group_that_matches_nothing_is_named(api):
+    refused(post(api, override("optim.param_groups=[{match: zzz, lr: 0.1}]")),
+            "optim.param_groups[0].match: 'zzz' matches no parameter")
+
+
 # ---------------------------------------------------------------- escaped wherever echoed
 
 
