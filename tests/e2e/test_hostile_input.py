@@ -2,13 +2,17 @@
 treatment as any mistake: exit 2, one short line naming the file or field, nothing written."""
 from __future__ import annotations
 
+import json
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 
+import trainforge
 import trainforge.training.api  # noqa: F401  (imported here: the timings below are of the checks, not of torch's import)
 from trainforge.cli import main
+from trainforge.integrity import write_manifest
 
 QUICK = ["train.max_steps=1", "log.progress=false", "log.tensorboard=false"]
 # 536 bytes; fully expanded it is 9^12 values (the 72 MB error message of the security review, and more)
@@ -147,3 +151,61 @@ def test_an_error_naming_a_path_with_an_escape_shows_it_escaped(tmp_path, capsys
     recipe = f"{tmp_path}/clear\x1b[2J.yaml"
     code, err, _ = run_cli(["train", recipe, *QUICK], capsys)
     assert f"{tmp_path}/clear\\x1b[2J.yaml: recipe file not found" in one_clean_line(code, err)
+
+
+# ---------------------------------------------------------------- a final/model.json that lies
+
+
+@pytest.fixture(scope="module")
+def final_dir(tmp_path_factory) -> Path:
+    """A tiny run's final/ (one step of a small MLP on digits), built once; each test corrupts a copy."""
+    run_dir = tmp_path_factory.mktemp("hostile-eval") / "run"
+    trainforge.train(None, overrides=[*QUICK, "train.early_stopping=null", "model.name=mlp", "model.args={hidden: [8]}",
+                                      "data.num_workers=0"], run_dir=run_dir)
+    return run_dir / "final"
+
+
+def corrupted(final_dir: Path, tmp_path: Path, edit) -> Path:
+    """A copy of final/ whose model.json `edit` changed, with its manifest rewritten to match (as a tool that edits
+    the file, or a run written wrong, leaves it): the SHA-256 check passes, the fields must be checked themselves."""
+    final = tmp_path / "final"
+    shutil.copytree(final_dir, final)
+    meta = json.loads((final / "model.json").read_text())
+    edit(meta)
+    (final / "model.json").write_text(json.dumps(meta))
+    write_manifest(final)
+    return final
+
+
+MODEL_JSON = {  # each was a traceback from deep in torch (or the allocator)
+    "input_shape 1e30": (lambda m: m["data_info"].update(input_shape=[1e30, 8, 8]),
+                         "data_info.input_shape[0]: expected an integer in 1..16777216, got 1e+30"),
+    "input_shape negative": (lambda m: m["data_info"].update(input_shape=[1, -8, 8]),
+                             "data_info.input_shape[1]: expected an integer in 1..16777216, got -8"),
+    "input_shape a string": (lambda m: m["data_info"].update(input_shape="8x8"),
+                             "data_info.input_shape: expected a list of 1 to 4 sizes, got '8x8'"),
+    "num_classes 'ten'": (lambda m: m["data_info"].update(num_classes="ten"),
+                          "data_info.num_classes: expected an integer in 1..16777216, got 'ten'"),
+    "num_classes 10^9": (lambda m: m["data_info"].update(num_classes=10**9),
+                         "data_info.num_classes: expected an integer in 1..16777216, got 1000000000"),
+    "step infinite": (lambda m: m.update(step=float("inf")), "missing or malformed field (OverflowError"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_JSON))
+def test_eval_of_a_model_json_with_absurd_fields_is_one_line(name, final_dir, tmp_path, capsys):
+    edit, expected = MODEL_JSON[name]
+    final = corrupted(final_dir, tmp_path, edit)
+    code, err, _ = run_cli(["eval", str(final)], capsys)
+    line = one_clean_line(code, err)
+    assert line.startswith(f"error: {final / 'model.json'}: {expected}") and "restore it or re-run training" in line, line
+
+
+def test_eval_shows_class_names_from_the_data_escaped(final_dir, tmp_path, capsys):
+    """Class names are folder names or labels from the data: the tables show an ESC in one as \\x1b."""
+    names = [f"{i}\x1b[2J" if i == 3 else str(i) for i in range(10)]
+    final = corrupted(final_dir, tmp_path, lambda m: m["data_info"].update(class_names=names))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(final)])
+    out = capsys.readouterr().out
+    assert exit_info.value.code in (0, None) and "3\\x1b[2J" in out and "\x1b" not in out, repr(out)
