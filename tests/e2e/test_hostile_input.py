@@ -153,6 +153,35 @@ def test_an_error_naming_a_path_with_an_escape_shows_it_escaped(tmp_path, capsys
     assert f"{tmp_path}/clear\\x1b[2J.yaml: recipe file not found" in one_clean_line(code, err)
 
 
+# ---------------------------------------------------------------- numeric options: nan, inf, negative, zero
+
+OPTIONS = {
+    "plan --budget-usd nan": (["plan", "--gpu", "h100-sxm", "--budget-usd", "nan"], "--budget-usd: expected a positive"),
+    "plan --budget-usd inf": (["plan", "--gpu", "h100-sxm", "--budget-usd", "inf"], "--budget-usd: expected a positive"),
+    "plan --budget-usd 0": (["plan", "--gpu", "h100-sxm", "--budget-usd", "0"], "--budget-usd: expected a positive"),
+    "plan --deadline-h -1": (["plan", "--gpu", "h100-sxm", "--deadline-h", "-1"], "--deadline-h: expected a positive"),
+    "plan --deadline-h nan": (["plan", "--gpu", "h100-sxm", "--deadline-h", "nan"], "--deadline-h: expected a positive"),
+    "compress --bench-seconds -1": (["compress", "{run}", "--bench-seconds", "-1"], "--bench-seconds: expected seconds"),
+    "compress --bench-seconds 0": (["compress", "{run}", "--bench-seconds", "0"], "--bench-seconds: expected seconds"),
+    "compress --bench-seconds nan": (["compress", "{run}", "--bench-seconds", "nan"], "--bench-seconds: expected seconds"),
+    "compress --bench-seconds inf": (["compress", "{run}", "--bench-seconds", "inf"], "--bench-seconds: expected seconds"),
+    "compress --temperature nan": (["compress", "{run}", "--temperature", "nan"], "--temperature must be a finite number"),
+    "compress --calibration-samples 0": (["compress", "{run}", "--calibration-samples", "0"],
+                                         "--calibration-samples: expected 1 to"),
+    "compress --threads 10^9": (["compress", "{run}", "--threads", "1000000000"], "--threads: expected 1 to"),
+    "generate --temperature inf": (["generate", "{run}", "hi", "--temperature", "inf"],
+                                   "--temperature: must be >= 0 and finite"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_meaningless_numbers_in_options_are_one_line(name, tmp_path, capsys):
+    """Checked before anything is loaded: the run directory need not even exist."""
+    args, expected = OPTIONS[name]
+    code, err, _ = run_cli([a.format(run=tmp_path / "run") for a in args], capsys)
+    assert one_clean_line(code, err).startswith(f"error: {expected}"), err
+
+
 # ---------------------------------------------------------------- a final/model.json that lies
 
 
