@@ -30,7 +30,7 @@ from trainforge.config import builtin_recipes, load_config
 from trainforge.console import err, out, print_json
 from trainforge.distributed.launch import launch as launch_run, report_user_error
 from trainforge.distributed.manifests import launch_text
-from trainforge.errors import JobFailed, UserError
+from trainforge.errors import JobFailed, UserError, printable
 from trainforge.files import write_text_atomic
 from trainforge.hardware.catalog import catalog_rows, load_catalog
 from trainforge.jobs.commands import register as register_jobs
@@ -135,6 +135,11 @@ def train(
     out.print(table)
 
 
+def _shown(value: object) -> str:
+    """Text from the data or a path (a class name is a folder name) as table text: no markup, no control characters."""
+    return escape(printable(str(value)))
+
+
 @app.command("eval")
 def eval_cmd(
     checkpoint: Path = typer.Argument(..., help="A run directory, its final/, or a checkpoints/step-* directory."),
@@ -151,7 +156,7 @@ def eval_cmd(
     if as_json:
         print_json(result)
         return
-    table = Table(title=f"{split} split of {result['checkpoint']} (step {result['step']})")
+    table = Table(title=f"{split} split of {_shown(result['checkpoint'])} (step {result['step']})")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k in ("loss", "accuracy", "macro_f1", "perplexity", "num_samples"):
@@ -164,14 +169,14 @@ def eval_cmd(
         for col in ("class", "precision", "recall", "f1", "support"):
             pc.add_column(col, justify="right")
         for name, m in result["per_class"].items():
-            pc.add_row(name, f"{m['precision']:.3f}", f"{m['recall']:.3f}", f"{m['f1']:.3f}", str(m["support"]))
+            pc.add_row(_shown(name), f"{m['precision']:.3f}", f"{m['recall']:.3f}", f"{m['f1']:.3f}", str(m["support"]))
         out.print(pc)
         cm = Table(title="confusion matrix (rows: true, columns: predicted)")
         cm.add_column("")
         for name in result["class_names"]:
-            cm.add_column(name, justify="right")
+            cm.add_column(_shown(name), justify="right")
         for name, row in zip(result["class_names"], result["confusion_matrix"]):
-            cm.add_row(name, *[str(v) for v in row])
+            cm.add_row(_shown(name), *[str(v) for v in row])
         out.print(cm)
 
 
@@ -427,11 +432,11 @@ def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: user errors exit 2 with one line, job failures exit 1."""
     try:
         app(args=argv)  # standalone: typer/click handle usage errors (exit 2) and call sys.exit
-    except UserError as e:
-        err.print(f"[red]error:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+    except UserError as e:  # printable: a path or a server's answer may hold an ESC; the terminal shows it as \x1b
+        err.print(f"[red]error:[/red] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(2)
     except JobFailed as e:
-        err.print(f"[red]failed:[/red] {escape(str(e))}", highlight=False, soft_wrap=True)
+        err.print(f"[red]failed:[/red] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:  # a second Ctrl-C during training, or one outside it
         err.print("interrupted")

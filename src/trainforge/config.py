@@ -8,13 +8,15 @@ names the field and the fix, e.g. ``optim.lr: expected a number, got 'fast'``.
 from __future__ import annotations
 
 import importlib.resources
+import re
+import unicodedata
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trainforge.errors import UserError, quote
+from trainforge.errors import HIDDEN_CATEGORIES, UserError, printable, quote
 
 DEFAULT_RECIPE = "digits_cnn"
 # Upper bounds on counts: far above any real run, low enough that every later product (steps x batch,
@@ -260,8 +262,12 @@ class Config(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not v or any(c in v for c in "/\\\0") or v.startswith(".") or len(v.encode()) > 100:
+        if not v or any(c in v for c in "/\\\0") or v.startswith(".") or len(v.encode("utf-8", "surrogatepass")) > 100:
             raise ValueError(f"must be a plain name usable in a folder name (at most 100 bytes), got {quote(v)}")
+        hidden = next((c for c in v if unicodedata.category(c) in HIDDEN_CATEGORIES), None)
+        if hidden is not None:  # a name is shown in tables, logs and folder listings: nothing in it may act or hide
+            raise ValueError(f"{describe_character(hidden)} in the name; a name holds printable characters only "
+                             f"(no tabs or newlines either), got {quote(v)}")
         return v
 
     @model_validator(mode="after")
@@ -333,6 +339,10 @@ RECIPE_MAPPING = "a recipe must be a YAML mapping of sections (data, model, opti
 MAX_YAML_BYTES = 1 << 20  # a recipe, search space or catalog file; real ones are a few KiB
 MAX_YAML_NODES = 100_000  # values in the document with every alias expanded (an alias bomb is refused)
 MAX_YAML_DEPTH = 64  # nesting of mappings and lists; recipes need about 5
+MAX_INT_CHARS = 100  # digits of a YAML integer: settings need at most ~20 (int() refuses more than 4300)
+# What no config string or key may hold: control characters (C0 but tab, newline and carriage return, which text
+# such as a chat template has; DEL; C1) and lone surrogates (a Python str can hold one, no file or terminal can)
+FORBIDDEN_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def read_yaml(path: Path, expected: str = RECIPE_MAPPING, *, allow_empty: bool = False) -> dict[str, Any]:
@@ -367,10 +377,16 @@ def parse_yaml_mapping(text: str, source: str, expected: str = RECIPE_MAPPING, *
 
 def load_yaml_text(text: str, source: str) -> Any:
     """yaml.safe_load, hardened for text from anyone: bounded size, nesting and alias expansion, and a
-    key given twice in one mapping is an error (not "the last one wins"). Errors name `source`."""
+    key given twice in one mapping is an error (not "the last one wins"); a character YAML refuses (a control
+    character, a lone surrogate) or a value its tag cannot be (an invalid date, a 5000-digit integer) is an
+    error too. Errors name `source` (and the line)."""
     if len(text) > MAX_YAML_BYTES:
         raise UserError(f"{source}: larger than {MAX_YAML_BYTES >> 10} KiB; a YAML document here is a few KiB of settings")
-    loader = _BoundedLoader(text)
+    try:
+        loader = _BoundedLoader(text)  # the reader refuses characters YAML does not allow, before parsing
+    except yaml.reader.ReaderError as e:
+        raise UserError(f"{source}:{_line_of(text, e.position)} {describe_character(chr(e.character))} in the text; "
+                        "YAML text holds printable characters, tabs and newlines only; remove it") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -381,18 +397,43 @@ def load_yaml_text(text: str, source: str) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise UserError(f"{source}:{where} malformed YAML ({getattr(e, 'problem', None) or e}); fix the syntax") from None
+    except _BadValue as e:
+        where = f" line {e.line}:" if "\n" in text.strip() else ""  # an override's value has one line
+        raise UserError(f"{source}:{where} {e.problem}") from None
     except _TooDeep:
         raise UserError(f"{source}: nested deeper than {MAX_YAML_DEPTH} levels; a recipe needs a handful") from None
     finally:
         loader.dispose()
 
 
+def _line_of(text: str, position: int) -> str:
+    return f" line {text.count(chr(10), 0, position) + 1}:" if "\n" in text.strip() else ""
+
+
+def describe_character(char: str) -> str:
+    """A character that text from a user may not hold, named for an error message."""
+    kind = unicodedata.category(char)
+    if kind == "Cs":
+        return f"a lone surrogate ({quote(char)}, half of a UTF-16 pair)"
+    return f"a control character ({quote(char)})" if kind == "Cc" else f"an invisible character ({quote(char)})"
+
+
 class _TooDeep(Exception):
     pass
 
 
+class _BadValue(Exception):
+    """A scalar its tag cannot be (PyYAML raises ValueError, KeyError, ... from deep in its constructors)."""
+
+    def __init__(self, problem: str, node: yaml.Node) -> None:
+        super().__init__(problem)
+        self.problem, self.line = problem, node.start_mark.line + 1
+
+
 class _BoundedLoader(yaml.SafeLoader):
-    """SafeLoader whose (recursive) composer stops at MAX_YAML_DEPTH instead of exhausting the stack."""
+    """SafeLoader whose (recursive) composer stops at MAX_YAML_DEPTH instead of exhausting the stack, and whose
+    constructors answer a value they cannot build (`!!int x`, `2024-13-45`, an integer of 5000 digits) with
+    _BadValue naming the line, not a traceback."""
 
     _depth = 0
 
@@ -404,6 +445,27 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_object(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        try:
+            return super().construct_object(node, deep=deep)
+        except (yaml.YAMLError, _BadValue):
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError) as e:
+            kind = node.tag.rsplit(":", 1)[-1]
+            value = quote(node.value) if isinstance(node, yaml.ScalarNode) else f"this {node.id}"
+            why = f" ({e})" if isinstance(e, ValueError) else ""
+            raise _BadValue(f"{value} is not a valid {kind}{why}; fix it, or quote it to keep it as text", node) from None
+
+    def construct_bounded_int(self, node: yaml.Node) -> int:
+        digits = str(node.value).replace("_", "").lstrip("+-")
+        digits = digits[2:] if digits[:2].lower() in ("0x", "0o", "0b") else digits
+        if len(digits) > MAX_INT_CHARS:
+            raise _BadValue(f"an integer of {len(digits)} digits; a setting has at most {MAX_INT_CHARS}", node)
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_bounded_int)
 
 
 def _check_yaml_graph(root: yaml.Node, source: str) -> None:
@@ -456,6 +518,14 @@ def _refuse_duplicate_keys(node: yaml.MappingNode, source: str) -> None:
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
+    bad = FORBIDDEN_IN_TEXT.search(item)
+    if bad is not None:  # checked on the raw text: str.strip() below would drop \x1c-\x1f from a key unseen
+        key = item.partition("=")[0]
+        if bad.start() < len(key):
+            raise UserError(f"{quote(key)}: {describe_character(bad.group())} in the key; keys are dotted names like "
+                            "train.epochs")
+        raise UserError(f"{printable(key.strip())}: {describe_character(bad.group())} in the value; a setting holds "
+                        "printable characters, tabs and newlines only; remove it")
     if "=" not in item:
         raise UserError(f"{quote(item)}: overrides are KEY=VALUE with a dotted key, e.g. optim.lr=3e-4")
     key, _, text = item.partition("=")
@@ -547,7 +617,31 @@ def _section_for(loc: tuple) -> Optional[type[BaseModel]]:
     return model
 
 
+def check_text(raw: Any) -> None:
+    """No string or key in `raw` (a config as loaded) holds what FORBIDDEN_IN_TEXT matches; else UserError naming
+    the dotted field. YAML's reader refuses such characters in the text, but a double-quoted "\\e" or "\\0" and a
+    JSON body deliver them as values."""
+    stack: list[tuple[str, Any]] = [("", raw)]
+    while stack:
+        field, value = stack.pop()
+        if isinstance(value, str):
+            bad = FORBIDDEN_IN_TEXT.search(value)
+            if bad is not None:
+                raise UserError(f"{field or 'config'}: {describe_character(bad.group())} in the value; a setting holds "
+                                "printable characters, tabs and newlines only; remove it")
+        elif isinstance(value, dict):
+            for key, child in value.items():
+                bad = FORBIDDEN_IN_TEXT.search(key) if isinstance(key, str) else None
+                if bad is not None:
+                    raise UserError(f"{field or 'config'}: the key {quote(key)} holds {describe_character(bad.group())}; "
+                                    "keys are plain names")
+                stack.append((f"{field}.{key}" if field else str(key), child))
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{field}.{i}", child) for i, child in enumerate(value))
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
+    check_text(raw)
     try:
         return Config.model_validate(raw)
     except ValidationError as err:

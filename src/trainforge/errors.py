@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, Union
 
 MAX_QUOTE_CHARS = 200  # the most of a user's value an error message repeats
@@ -9,9 +10,36 @@ MAX_MESSAGE_CHARS = 1000  # a message that still came out longer keeps its start
 
 
 def quote(value: Any, limit: int = MAX_QUOTE_CHARS) -> str:
-    """repr(value), cut to about `limit` characters: an error names a value, it never echoes a document."""
+    """repr(value), cut to about `limit` characters: an error names a value, it never echoes a document.
+    repr shows control characters as escapes (\\x1b), so the quote is safe to print anywhere."""
+    if isinstance(value, int) and value.bit_length() > 10_000:  # repr would raise past 4300 digits (int_max_str_digits)
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+# What a terminal, a log file or a browser would act on or hide rather than show: control characters (C0, DEL,
+# C1: ESC starts terminal sequences), format characters (bidi overrides, zero-width), lone surrogates, and the
+# Unicode line and paragraph separators.
+HIDDEN_CATEGORIES = ("Cc", "Cf", "Cs", "Zl", "Zp")
+_NOT_PLAIN_ASCII = re.compile(r"[^ -~]")
+
+
+def escape_char(char: str) -> str:
+    """A character as a visible escape: \\x1b, \\u202e, \\U000e0001."""
+    n = ord(char)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+
+def printable(text: str, keep: str = "") -> str:
+    """`text` with every hidden character (HIDDEN_CATEGORIES) but those in `keep` shown as its escape, so what
+    is printed or logged is what the text holds: an ESC from a job name or a data file never reaches a terminal."""
+
+    def visible(m: re.Match) -> str:
+        c = m.group()
+        return c if c in keep or unicodedata.category(c) not in HIDDEN_CATEGORIES else escape_char(c)
+
+    return _NOT_PLAIN_ASCII.sub(visible, text)
 
 
 def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -47,7 +75,7 @@ def public_message(error: UserError, context: str = "data") -> str:
     if error.public:
         return text
     field = text.split(":", 1)[0] if ":" in text else ""
-    if not re.fullmatch(r"[a-z_]+(\.[A-Za-z0-9_]+)*", field):
+    if not re.fullmatch(r"[a-z_]+(\.[A-Za-z0-9_]+|\[[0-9]+\])*", field):
         field = context
     return f"{field}: the {context} cannot be used as given (details are in the server's log, not shown here)"
 

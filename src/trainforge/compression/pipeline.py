@@ -19,6 +19,7 @@ import copy
 import dataclasses
 import gc
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -36,7 +37,7 @@ from trainforge.compression.quantize import INT8_METHODS, choose_method, quantiz
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, mark
 from trainforge.compression.render import report_section
 from trainforge.compression.torchao_quant import torchao_variant
-from trainforge.config import config_from_dict
+from trainforge.config import MAX_EPOCHS, config_from_dict
 from trainforge.data import build_data
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
@@ -49,6 +50,9 @@ from trainforge.training.loop import FitHooks
 QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
 EXPORTS = ("onnx",)
 TEMP_SUFFIXES = (".export.onnx", ".prep.onnx", ".q.onnx")  # left by a crash mid-export or mid-quantization
+MAX_THREADS = 1024  # onnxruntime threads while timing
+MAX_BENCH_S = 3600.0  # timing budget per variant and batch size: seconds give stable numbers, an hour is plenty
+MAX_CALIBRATION_SAMPLES = 1_000_000
 
 
 @dataclass
@@ -73,8 +77,8 @@ class CompressOptions:
     def check(self) -> None:
         if not 0.0 <= self.prune < 1.0:
             raise UserError(f"--prune: expected a fraction in [0, 1) of channels to remove (e.g. 0.5), got {self.prune}")
-        if self.finetune_epochs < 0:
-            raise UserError(f"--finetune-epochs: expected 0 or more, got {self.finetune_epochs}")
+        if not 0 <= self.finetune_epochs <= MAX_EPOCHS:
+            raise UserError(f"--finetune-epochs: expected 0 to {MAX_EPOCHS}, got {self.finetune_epochs}")
         if self.distill and (self.prune == 0.0 or self.finetune_epochs == 0):
             raise UserError("--distill trains the pruned model from the original: add --prune R and --finetune-epochs E > 0")
         if self.quantize not in QUANTIZE:
@@ -83,10 +87,17 @@ class CompressOptions:
             raise UserError(f"--export: expected one of {', '.join(EXPORTS)}, got {self.export!r}")
         if self.int8_method != "auto":
             INT8_METHODS.get(self.int8_method)
-        if self.threads < 1:
-            raise UserError(f"--threads: expected 1 or more, got {self.threads}")
-        if self.temperature <= 0 or not 0.0 <= self.alpha <= 1.0:
-            raise UserError("--temperature must be > 0 and --alpha in [0, 1]")
+        if not 1 <= self.threads <= MAX_THREADS:
+            raise UserError(f"--threads: expected 1 to {MAX_THREADS}, got {self.threads}")
+        if not (math.isfinite(self.temperature) and self.temperature > 0) or not 0.0 <= self.alpha <= 1.0:
+            raise UserError(f"--temperature must be a finite number > 0 and --alpha in [0, 1], got {self.temperature} "
+                            f"and {self.alpha}")
+        if not (math.isfinite(self.bench_s) and 0 < self.bench_s <= MAX_BENCH_S):  # -1 or nan: no timing at all
+            raise UserError(f"--bench-seconds: expected seconds in (0, {MAX_BENCH_S:.0f}] per variant and batch size "
+                            f"(e.g. 1.0), got {self.bench_s}")
+        if not 1 <= self.calibration_samples <= MAX_CALIBRATION_SAMPLES:
+            raise UserError(f"--calibration-samples: expected 1 to {MAX_CALIBRATION_SAMPLES} train-split samples, got "
+                            f"{self.calibration_samples}")
         if not 0.0 <= self.accuracy_tolerance_pt <= 100.0:
             raise UserError(f"--accuracy-tolerance: expected points of accuracy in [0, 100] (e.g. 1.0), "
                             f"got {self.accuracy_tolerance_pt}")

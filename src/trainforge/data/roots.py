@@ -62,6 +62,9 @@ def confine(value: str, field: str, roots: Sequence[Path]) -> Path:
     if not roots:
         raise UserError(f"{field}: {NO_ROOTS_HINT}", public=True)
     allowed = ", ".join(str(r) for r in roots)
+    if "\0" in value:  # no file name holds one, and os.path raises ValueError on it
+        raise UserError(f"{field}: {quote(value)} holds a NUL byte, which no path can; give a path under a data root "
+                        f"({allowed})", public=True)
     path = Path(value)
     if not path.is_absolute():
         raise UserError(f"{field}: {quote(value)} is not an absolute path; give a path under a data root ({allowed})",

@@ -16,7 +16,6 @@ Module-level imports stay light: the server, httpx and torch load inside the com
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import sys
@@ -30,9 +29,9 @@ from rich.table import Table
 
 from trainforge.console import err, out, print_json
 from trainforge.data.roots import parse_roots
-from trainforge.errors import UserError
-from trainforge.jobs.environment import check_env_names, parse_tracking_allow
+from trainforge.errors import UserError, printable
 from trainforge.jobs import sandbox as fence
+from trainforge.jobs.environment import check_env_names, parse_tracking_allow
 from trainforge.jobs.scheduler import check_placement
 from trainforge.jobs.slots import parse_slots
 
@@ -49,6 +48,19 @@ def _client(server: Optional[str], token: Optional[str]):
     from trainforge.jobs.client import Client, server_url  # httpx: the CLI starts fast without it
 
     return Client(server_url(server), token)
+
+
+def _cell(value: object) -> str:
+    """A value from the server as table text: no rich markup, and control characters (an ESC in a job name
+    submitted before names were checked, in a reason quoting a job's output) shown as escapes, never sent to the
+    terminal. rich's `escape` handles markup only; rich itself passes ESC and NUL through."""
+    return escape(printable(str(value)))
+
+
+def log_text(text: str) -> str:
+    """A job's log as the terminal should show it: newlines and tabs kept, CRLF as a newline, every other
+    control character (colours and cursor moves from the job's output or data) shown as its escape."""
+    return printable(text.replace("\r\n", "\n"), keep="\n\t")
 
 
 def _duration(s: Optional[float]) -> str:
@@ -104,6 +116,7 @@ def server(
     Ctrl-C stops the server; running jobs keep going and a restarted server adopts them.
     """
     from trainforge.jobs.server import is_loopback, serve  # heavy (fastapi); tests patch serve on the module
+    from trainforge.jobs.serverlog import log_to
     from trainforge.jobs.service import JobService, StateDirLock  # heavy (sqlalchemy): the CLI starts fast without it
     from trainforge.jobs.store import Store, sqlite_url  # heavy (sqlalchemy): the CLI starts fast without it
 
@@ -134,7 +147,6 @@ def server(
     lock.acquire()
     slots = parse_slots(gpus, slot_memory_gb)
     store = Store(db or sqlite_url(state_dir / "jobs.db"))
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     described = ", ".join(f"{s.id} ({s.memory_bytes / 2**30:.1f} GiB)" for s in slots)
     err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}  data roots: "
               f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}  "
@@ -153,7 +165,8 @@ def server(
                          allow_hub_downloads=allow_hub_downloads, tracking_uri_allow=allowed, job_env=passed,
                          sandboxed=sandboxed)
     try:
-        serve(service, host=host, port=port, token=secret)
+        with log_to(sys.stderr):  # every line printable: job names, job output and refused data are escaped
+            serve(service, host=host, port=port, token=secret)
     finally:
         store.close()
         lock.release()
@@ -198,7 +211,7 @@ def submit(
     if as_json:
         print_json(job)
         return
-    out.print(f"queued job {job['id']} ({escape(job['name'])}): {job['memory_bytes'] / 2**20:.1f} MiB per GPU, "
+    out.print(f"queued job {job['id']} ({_cell(job['name'])}): {job['memory_bytes'] / 2**20:.1f} MiB per GPU, "
               f"priority {job['priority']}", highlight=False, soft_wrap=True)
 
 
@@ -212,7 +225,7 @@ def list_jobs(server: Optional[str] = ServerOpt, token: Optional[str] = TokenOpt
     for col in ("id", "name", "state", "GPUs", "progress", "ETA", "restarts", "priority"):
         table.add_column(col, justify="right" if col in ("id", "restarts", "priority") else "left")
     for j in jobs:
-        table.add_row(str(j["id"]), escape(j["name"]), j["state"], ",".join(j["gpus"]), _progress(j),
+        table.add_row(str(j["id"]), _cell(j["name"]), _cell(j["state"]), _cell(",".join(j["gpus"])), _progress(j),
                       _duration(j["progress"]["eta_s"]) if j["state"] == "running" else "",
                       f"{j['restarts']}/{j['max_restarts']}", str(j["priority"]))
     out.print(table)
@@ -232,7 +245,7 @@ def show(job_id: int = typer.Argument(..., help="Job id."), server: Optional[str
             ("restarts", f"{job['restarts']} of {job['max_restarts']}"), ("priority", str(job["priority"])),
             ("run dir", job["run_dir"]), ("log", job["log_path"])]
     for k, v in rows:
-        table.add_row(k, escape(str(v)))
+        table.add_row(k, _cell(v))
     out.print(table)
 
 
@@ -244,7 +257,7 @@ def logs(job_id: int = typer.Argument(..., help="Job id."),
     offset = 0
     while True:
         chunk = client.logs(job_id, offset)
-        sys.stdout.write(chunk["text"])
+        sys.stdout.write(log_text(chunk["text"]))
         sys.stdout.flush()
         offset = chunk["offset"]
         if not follow or (chunk["state"] in FINAL and not chunk["text"]):

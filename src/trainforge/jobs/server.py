@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import secrets
+import unicodedata
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 from urllib.parse import urlsplit
@@ -44,8 +45,8 @@ from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from trainforge.config import MAX_YAML_BYTES, builtin_recipes
-from trainforge.errors import UserError, clip_message
+from trainforge.config import MAX_YAML_BYTES, builtin_recipes, describe_character
+from trainforge.errors import HIDDEN_CATEGORIES, UserError, clip_message
 from trainforge.jobs.progress import MAX_POINTS, read_log, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
@@ -85,6 +86,24 @@ class SubmitIn(BaseModel):
     gpus: StrictInt = Field(1, ge=1, le=1024)
     priority: StrictInt = Field(0, ge=-1_000_000, le=1_000_000)
     max_restarts: StrictInt = Field(0, ge=0, le=1000)
+
+    @field_validator("recipe", mode="before")
+    @classmethod
+    def _plain_name(cls, v: Any) -> Any:
+        hidden = next((c for c in v if unicodedata.category(c) in HIDDEN_CATEGORIES), None) if isinstance(v, str) else None
+        if hidden is not None:  # shown by `jobs show` and the dashboard, and named in errors
+            raise ValueError(f"{describe_character(hidden)} in the recipe's name; name it with printable characters")
+        return v
+
+    @field_validator("recipe_yaml", mode="before")
+    @classmethod
+    def _unicode(cls, v: Any) -> Any:
+        if isinstance(v, str):  # JSON can carry a lone surrogate ("\\ud800"), which no text file holds
+            at = next((i for i, c in enumerate(v) if "\ud800" <= c <= "\udfff"), None)
+            if at is not None:
+                raise ValueError(f"line {v.count(chr(10), 0, at) + 1}: {describe_character(v[at])}; "
+                                 "send the recipe as the UTF-8 text of its file")
+        return v
 
     @field_validator("recipe_yaml")
     @classmethod
@@ -199,7 +218,8 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
         e = exc.errors()[0]
         loc = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path"))
-        return JSONResponse({"detail": clip_message(f"{loc or 'request'}: {e.get('msg', 'invalid')}")}, status_code=400)
+        msg = str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        return JSONResponse({"detail": clip_message(f"{loc or 'request'}: {msg}")}, status_code=400)
 
     # ------------------------------------------------------------ JSON API
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -31,6 +32,7 @@ from trainforge.data.roots import roots_env
 from trainforge.errors import UserError
 from trainforge.jobs import sandbox
 from trainforge.jobs.pretrained import apply_hub_env, hub_env
+from trainforge.jobs.serverlog import log_to
 from trainforge.jobs.slots import Slot
 
 if TYPE_CHECKING:
@@ -128,6 +130,12 @@ def _cap_memory(extra_bytes: int) -> None:
 def _check(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
            memory_bytes: int, fence: Optional[tuple[tuple[Path, ...], tuple[Path, ...]]]) -> None:
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
+    with log_to(sys.stderr, logging.WARNING):  # the server's stderr, escaped like its own log: errors may quote data
+        _size_and_send(conn, cfg_yaml, num_gpus, slots, env, memory_bytes)
+
+
+def _size_and_send(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
+                   memory_bytes: int) -> None:
     import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
 
     from trainforge.jobs.admission import size_submission  # heavy (torch): loaded in the child, as above

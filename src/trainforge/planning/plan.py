@@ -21,6 +21,7 @@ stored in NF4); candidates say which (`Candidate.method`) and the recommendation
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence, Union
 
@@ -206,6 +207,10 @@ def plan(
         raise UserError(f"--num-gpus: expected positive counts like 1,2,4,8, got {list(num_gpus)}")
     if efficiency is not None and not 0 < efficiency <= 1:
         raise UserError(f"--efficiency: expected a fraction in (0, 1], got {efficiency}")
+    for flag, limit, unit in (("--budget-usd", budget_usd, "US dollars, e.g. 500"), ("--deadline-h", deadline_h,
+                                                                                        "hours, e.g. 24")):
+        if limit is not None and not (math.isfinite(limit) and limit > 0):  # nan compares false: it would limit nothing
+            raise UserError(f"{flag}: expected a positive number of {unit}, got {limit}")
     calibration = load_calibration() if calibration is None else calibration
     planners = method_planners(cfg)
     planner = next(p for p in planners if p.cfg is cfg)  # the recipe's own method

@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -21,8 +23,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainforge.config import Config, config_from_yaml_text
-from trainforge.data.base import DataInfo
-from trainforge.errors import UserError
+from trainforge.data.base import DataInfo, Modality, Task
+from trainforge.errors import UserError, quote
 from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
 from trainforge.training.checkpoint import (
     MODEL_FILE,
@@ -44,6 +46,11 @@ from trainforge.models.resize import resize_to_weights
 FORMAT = "trainforge-model/1"
 META_FILE = "model.json"
 FINAL_FILES = (MODEL_FILE, META_FILE)  # what loading final/ reads, so what its manifest must vouch for
+# What a stored data_info may say: far above any real dataset, low enough that building the model from it is sane
+MAX_INPUT_DIMS = 4  # image C,H,W; tabular F; text T
+MAX_DIM = 2**24  # one dimension of a sample (a sequence of 16M tokens, an image 16M pixels wide)
+MAX_INPUT_ELEMENTS = 2**30  # values in one sample
+MAX_CLASSES = 2**24  # classes, or an LM's vocabulary
 
 
 @dataclass
@@ -69,11 +76,46 @@ def info_to_dict(info: DataInfo) -> dict[str, Any]:
     return dataclasses.asdict(info)
 
 
+class BadField(ValueError):
+    """A field of a stored file that cannot be what it says; the message names it (`fields_of` adds the file)."""
+
+
+def _count(field: str, value: Any, low: int, high: int, optional: bool = False) -> Optional[int]:
+    if value is None and optional:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise BadField(f"data_info.{field}: expected an integer in {low}..{high}, got {quote(value)}")
+    return value
+
+
 def info_from_dict(d: dict[str, Any]) -> DataInfo:
-    d = dict(d)
-    d["input_shape"] = tuple(d["input_shape"])
-    d["class_names"] = tuple(d.get("class_names") or ())
-    return DataInfo(**d)
+    """The DataInfo a checkpoint or final/model.json stores, every field checked (BadField naming it): the model
+    is built from these numbers, so a `1e30`, a "ten" or a huge count must stop here, not deep inside torch."""
+    if not isinstance(d, dict):
+        raise BadField(f"data_info: expected a mapping of the data's facts, got {quote(d)}")
+    known = {f.name for f in dataclasses.fields(DataInfo)}
+    unknown = sorted(set(d) - known, key=str)
+    if unknown:
+        raise BadField(f"data_info: unknown field {quote(unknown[0])}; the fields are {', '.join(sorted(known))}")
+    for field, allowed in (("task", typing.get_args(Task)), ("modality", typing.get_args(Modality)),
+                           ("input_dtype", ("float32", "int64"))):
+        if d.get(field) not in allowed:
+            raise BadField(f"data_info.{field}: expected one of {', '.join(allowed)}, got {quote(d.get(field))}")
+    shape = d.get("input_shape")
+    if not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= MAX_INPUT_DIMS:
+        raise BadField(f"data_info.input_shape: expected a list of 1 to {MAX_INPUT_DIMS} sizes, got {quote(shape)}")
+    shape = tuple(_count(f"input_shape[{i}]", n, 1, MAX_DIM) for i, n in enumerate(shape))
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise BadField(f"data_info.input_shape: {list(shape)} is more than {MAX_INPUT_ELEMENTS} values per sample")
+    num_classes = _count("num_classes", d.get("num_classes"), 1, MAX_CLASSES)
+    names = d.get("class_names") or ()
+    if not isinstance(names, (list, tuple)) or len(names) > num_classes or not all(isinstance(n, str) for n in names):
+        raise BadField(f"data_info.class_names: expected at most num_classes ({num_classes}) names, got {quote(names)}")
+    return DataInfo(
+        task=d["task"], modality=d["modality"], input_shape=shape, input_dtype=d["input_dtype"], num_classes=num_classes,
+        class_names=tuple(names), vocab_size=_count("vocab_size", d.get("vocab_size"), 1, MAX_CLASSES, optional=True),
+        seq_len=_count("seq_len", d.get("seq_len"), 1, MAX_DIM, optional=True),
+        pad_id=_count("pad_id", d.get("pad_id"), 0, MAX_CLASSES, optional=True))
 
 
 def save_final_model(
@@ -193,5 +235,7 @@ def fields_of(file: Path) -> Iterator[None]:
         yield
     except UserError:
         raise
-    except (KeyError, TypeError, ValueError) as e:
+    except BadField as e:
+        raise UserError(f"{file}: {e}; restore it or re-run training") from None
+    except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: int(inf)
         raise UserError(f"{file}: missing or malformed field ({type(e).__name__}: {e}); restore it or re-run training") from None

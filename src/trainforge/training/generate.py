@@ -23,6 +23,7 @@ present, else the CPU; fp32 weights throughout.
 """
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -186,8 +187,8 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
 def check_settings(*, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise UserError(f"--max-new-tokens: must be at least 1, got {max_new_tokens!r}")
-    if not temperature >= 0:  # NaN too
-        raise UserError(f"--temperature: must be >= 0 (0 = greedy, no sampling), got {temperature!r}")
+    if not (temperature >= 0 and math.isfinite(temperature)):  # NaN too; inf would sample uniformly, not from the model
+        raise UserError(f"--temperature: must be >= 0 and finite (0 = greedy, no sampling), got {temperature!r}")
     if not 0 < top_p <= 1:
         raise UserError(f"--top-p: must be in (0, 1] (1 = no nucleus cut), got {top_p!r}")
     if not isinstance(seed, int) or seed < 0:

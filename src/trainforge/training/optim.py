@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from trainforge.config import OptimConfig
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 from trainforge.registry import Registry
 
 OptimizerFactory = Callable[[list[dict], OptimConfig, bool], torch.optim.Optimizer]
@@ -45,13 +45,17 @@ def _check_pattern(pattern: str, field: str) -> None:
         try:
             re.compile(pattern[3:])
         except re.error as e:
-            raise UserError(f"{field}: {pattern!r} is not a regular expression ({e})") from None
+            raise UserError(f"{field}: {quote(pattern)} is not a regular expression ({e})", public=True) from None
 
 
 def _unmatched(field: str, pattern: str, names: Sequence[str]) -> UserError:
+    """Public: it holds the submitter's own pattern and the parameter names of the model the recipe names."""
     sample = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    return UserError(f"{field}: {pattern!r} matches no parameter of this model (names look like {sample}); "
-                     "fix the pattern (a glob, or a regex after re:)")
+    return UserError(f"{field}: {quote(pattern)} matches no parameter of this model (names look like {sample}); "
+                     "fix the pattern (a glob, or a regex after re:)", public=True)
+
+
+EVERYTHING_FROZEN = "train.freeze: every parameter is frozen, so there is nothing to train; freeze fewer"
 
 
 def freeze(model: nn.Module, patterns: Sequence[str]) -> tuple[int, int]:
@@ -67,6 +71,8 @@ def freeze(model: nn.Module, patterns: Sequence[str]) -> tuple[int, int]:
             raise _unmatched(field, pattern, names)
         for p in hits:
             p.requires_grad_(False)
+    if named and not any(p.requires_grad for _, p in named):  # here, before the planner's backward pass fails on it
+        raise UserError(EVERYTHING_FROZEN, public=True)
     total = sum(p.numel() for _, p in named)
     return sum(p.numel() for _, p in named if not p.requires_grad), total
 
@@ -153,7 +159,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer
     on_accelerator = any(p.device.type != "cpu" for p in model.parameters())
     groups = param_groups(model, cfg)
     if not groups:
-        raise UserError("train.freeze: every parameter is frozen, so there is nothing to train; freeze fewer")
+        raise UserError(EVERYTHING_FROZEN, public=True)
     return factory(groups, cfg, on_accelerator)
 
 
