@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Path as PathParam, Query, Request
+from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -46,6 +46,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from trainforge.config import MAX_YAML_BYTES, builtin_recipes
 from trainforge.errors import UserError, clip_message
+from trainforge.jobs.peers import submitter
 from trainforge.jobs.progress import MAX_POINTS, read_log, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
@@ -212,10 +213,10 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
         return [service.view(j) for j in service.store.list()]
 
     @app.post("/api/jobs", response_model=JobOut, status_code=201)
-    async def submit(body: SubmitIn) -> dict[str, Any]:
+    async def submit(body: SubmitIn, who: Annotated[str, Depends(submitter_of)]) -> dict[str, Any]:
         job = await service.submit_async(Submission(
             recipe=body.recipe, recipe_yaml=body.recipe_yaml, overrides=tuple(body.overrides), num_gpus=body.gpus,
-            priority=body.priority, max_restarts=body.max_restarts))
+            priority=body.priority, max_restarts=body.max_restarts, submitter=who))
         return service.view(job)
 
     JobId = PathParam(..., ge=1, le=MAX_JOB_ID, description="job id")
@@ -279,6 +280,12 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
         return templates.TemplateResponse(request, "compare.html", {})
 
     return app
+
+
+def submitter_of(request: Request) -> str:
+    """Who sent this request (`peers.submitter`: a loopback client's Unix user, else its address). A plain function:
+    FastAPI runs it on its thread pool, so reading the kernel's socket tables never holds up the event loop."""
+    return submitter(request.scope.get("client"), request.scope.get("server"))
 
 
 def compare_jobs(service: JobService, ids: list[int]) -> Comparison:
