@@ -2,8 +2,10 @@
 resubmitted refusals, and connections that never finish their request. Each test performs the attack for real."""
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -280,3 +282,154 @@ def test_a_resubmitted_refusal_is_answered_from_the_cache(tmp_path, monkeypatch)
         # remembered for REFUSED_TTL_S only: later (the data may have changed) it is checked again
         monkeypatch.setattr(service_module, "REFUSED_TTL_S", 0.0)
         assert api.post("/api/jobs", json=huge[2]).status_code == 400 and len(checks) == 7
+
+
+# ---------------------------------------------------------------- connections that never finish their request
+
+HEALTH = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+def closed_after(sock: socket.socket, t0: float, limit_s: float, drip: bytes = b"", every_s: float = 1.0):
+    """(seconds from t0 until the server closed `sock`, what it sent), sending `drip` a byte every `every_s` meanwhile;
+    (None, ...) if it was still open after `limit_s`."""
+    received, i = b"", 0
+    sock.setblocking(False)
+    while time.monotonic() - t0 < limit_s:
+        if i < len(drip):
+            try:
+                sock.send(drip[i:i + 1])
+                i += 1
+            except OSError:  # reset: closed
+                return time.monotonic() - t0, received
+        ready, _, _ = select.select([sock], [], [], every_s if i < len(drip) else 0.1)
+        if ready:
+            try:
+                chunk = sock.recv(65536)
+            except OSError:
+                return time.monotonic() - t0, received
+            if not chunk:
+                return time.monotonic() - t0, received
+            received += chunk
+    return None, received
+
+
+def post_head(length: int) -> bytes:
+    return (b"POST /api/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"X-Trainforge-Client: test\r\n" + f"Content-Length: {length}\r\n\r\n".encode())
+
+
+def slow_connections(port: int, limit_s: float, every_s: float) -> dict:
+    """An idle connection, one dripping a request's headers a byte every `every_s`, and one whose headers arrive at
+    once and its body a byte every `every_s`, each watched in a thread: {kind: (seconds until closed, received)}."""
+    body = json.dumps(small_job(0)).encode()
+    kinds = {"idle": (b"", b""), "slow headers": (b"", HEALTH), "slow body": (post_head(len(body)), body)}
+    found: dict = {}
+
+    def watch(kind: str, first: bytes, drip: bytes) -> None:
+        sock = socket.create_connection(("127.0.0.1", port))
+        t0 = time.monotonic()
+        sock.sendall(first)
+        found[kind] = closed_after(sock, t0, limit_s, drip, every_s)
+        sock.close()
+
+    threads = [threading.Thread(target=watch, args=(k, *v)) for k, v in kinds.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return found
+
+
+@pytest.mark.slow
+def test_idle_and_slow_connections_are_closed_within_15_s(tmp_path):
+    with LiveServer(make_service(tmp_path), manage_service=False) as server:  # the server's own settings
+        found = slow_connections(server.port, limit_s=20, every_s=1.0)
+        assert httpx.get(f"{server.url}/api/health").status_code == 200
+    print({kind: round(t, 2) if t else t for kind, (t, _) in found.items()})
+    for kind, (after_s, received) in found.items():
+        assert after_s is not None and 9.5 < after_s < 15, (kind, after_s)  # the deadline is 10 s
+        assert received.startswith(b"HTTP/1.1 408 "), (kind, received[:100])
+
+
+def test_the_request_deadline_covers_receiving_only(tmp_path, monkeypatch):
+    """The same attacks against a 1 s deadline (quick); a kept-alive connection's deadline runs from its next
+    request's first byte; a request taking longer than the deadline to handle, and a 2 MiB body, are never cut."""
+    with LiveServer(make_service(tmp_path), manage_service=False, request_timeout_s=1.0) as server:
+        found = slow_connections(server.port, limit_s=5, every_s=0.2)
+        for kind, (after_s, received) in found.items():
+            assert after_s is not None and 0.9 < after_s < 2.0 and received.startswith(b"HTTP/1.1 408 "), (kind, after_s)
+
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(HEALTH)
+        answer = b""
+        while b'"ok":true' not in answer:
+            chunk = sock.recv(65536)
+            assert chunk, answer
+            answer += chunk
+        time.sleep(0.8)  # idle between requests: uvicorn's keep-alive (5 s) applies, not the request deadline
+        t0 = time.monotonic()
+        sock.sendall(HEALTH[:10])
+        after_s, received = closed_after(sock, t0, 5)
+        sock.close()
+        assert after_s is not None and 0.9 < after_s < 2.0 and received.startswith(b"HTTP/1.1 408 "), after_s
+
+        big = json.dumps({"recipe": "big.yaml", "recipe_yaml": "#" * (2 * 2**20 - 100)}).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(post_head(len(big)) + big)  # just under the body cap, all of it read: refused for its content
+        answer = http.client.HTTPResponse(sock)
+        answer.begin()
+        assert answer.status == 400 and "recipe_yaml" in json.loads(answer.read())["detail"]
+        sock.close()
+
+        def slow_check(*args, **kwargs):
+            time.sleep(1.5)
+            raise UserError("checked", public=True)
+
+        monkeypatch.setattr(server.service, "_admit", slow_check)
+        t0 = time.monotonic()
+        r = httpx.post(f"{server.url}/api/jobs", json=small_job(1), headers=CLIENT, timeout=30)
+        assert (r.status_code, r.json()["detail"]) == (400, "checked") and time.monotonic() - t0 > 1.5, r.text
+
+
+def closed(sock: socket.socket) -> bool:
+    """Has the server closed this (non-blocking) socket? Reads what it sent meanwhile."""
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except BlockingIOError:
+        return False
+    except OSError:  # reset
+        return True
+
+
+@pytest.mark.slow
+def test_400_partial_connections_neither_stay_open_nor_keep_a_client_out(tmp_path):
+    from trainforge.jobs.connections import MAX_PARTIAL_CONNECTIONS
+
+    with LiveServer(make_service(tmp_path), manage_service=False) as server:  # the server's own settings
+        t0 = time.monotonic()
+        socks = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(400)]
+        for s in socks:
+            s.sendall(HEALTH[:-2])  # all headers but the blank line that ends them
+        opened_s = time.monotonic() - t0
+        t1 = time.monotonic()
+        r = httpx.get(f"{server.url}/api/health", timeout=10)
+        health_s = time.monotonic() - t1
+        assert r.status_code == 200 and r.json()["ok"]
+        for s in socks:
+            s.setblocking(False)
+        time.sleep(0.5)
+        open_now = sum(not closed(s) for s in socks)  # the others were answered 408 and closed, oldest first
+        still = [s for s in socks if not closed(s)]
+        while still and time.monotonic() - t0 < 15:
+            time.sleep(0.25)
+            still = [s for s in still if not closed(s)]
+        all_closed_s = time.monotonic() - t0
+        for s in socks:
+            s.close()
+    print(f"400 partial connections opened in {opened_s:.2f} s; /api/health answered in {health_s * 1000:.0f} ms; "
+          f"{open_now} left open, all closed {all_closed_s:.1f} s after the first")
+    assert health_s < 1.0
+    assert open_now <= MAX_PARTIAL_CONNECTIONS, open_now
+    assert not still, f"{len(still)} partial connections open after 15 s"
