@@ -66,17 +66,19 @@ def trainer_pid(job_dir: Path) -> Optional[int]:
 
 
 class LiveServer:
-    """The real app on a real port, served by uvicorn in a thread of the test process."""
+    """The real app on a real port, served by uvicorn in a thread of the test process, as `trainforge server` serves it."""
 
-    def __init__(self, service, token: Optional[str] = None, manage_service: bool = True) -> None:
+    def __init__(self, service, token: Optional[str] = None, manage_service: bool = True, **limits) -> None:
+        """`limits`: `server_config`'s request_timeout_s / max_partial, for a test of them that must be quick."""
         import uvicorn
 
-        from trainforge.jobs.server import create_app
+        from trainforge.jobs.server import create_app, server_config
 
         self.service = service
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(create_app(service, token=token, manage_service=manage_service), host="127.0.0.1", port=self.port, log_level="warning")
+        config = server_config(create_app(service, token=token, manage_service=manage_service), host="127.0.0.1",
+                               port=self.port, **limits)  # the settings `trainforge server` runs with
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

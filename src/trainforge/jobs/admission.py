@@ -50,7 +50,9 @@ from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
 from trainforge.models import build_model, is_convolutional
 from trainforge.planning.auto import MemoryBudget
+from trainforge.planning.plan import quantize_kind, weights_floor_bytes
 from trainforge.training.api import check_names
+from trainforge.training.optim import freeze
 from trainforge.training.setup import DataFacts, RunSetup, resolve
 
 
@@ -151,7 +153,21 @@ def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitt
                         "change one of them", public=True)
     try:
         data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # shapes and sizes: nothing decoded
-        setup = job_setup(cfg, num_gpus, slots[0].kind, max(capacity.values()), data)
+        with torch.device("meta"):  # no memory, no weights read
+            model = build_model(cfg.model, data.info)[0]
+        if cfg.train.freeze:
+            freeze(model, cfg.train.freeze)  # as training and the simulation freeze it: same patterns, same errors
+    except UserError as e:
+        raise UserError(str(e), public=public_message(e)) from None
+    # the weights alone, a lower bound of the simulated peak: a model too big for every slot is refused before the
+    # simulation (seconds for a deep model) runs, and nothing the simulation would admit is refused here
+    floor = weights_floor_bytes(model, shards=num_gpus, frozen_stored=quantize_kind(cfg) == "none")
+    reason = never_fits(capacity, int(floor), num_gpus, what="for its weights alone",
+                        fix="use a smaller model")
+    if reason:
+        raise UserError(f"{cfg.name}: {reason}", public=True)
+    try:
+        setup = job_setup(cfg, num_gpus, slots[0].kind, max(capacity.values()), data, is_convolutional(model))
     except UserError as e:
         raise UserError(str(e), public=public_message(e)) from None
     need = setup.predicted_peak_bytes
@@ -163,12 +179,11 @@ def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitt
     return Admitted(cfg.name, cfg.to_yaml(), need, setup.total_steps, setup.micro_batch_size)
 
 
-def job_setup(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, data: DataBundle) -> RunSetup:
+def job_setup(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, data: DataBundle,
+              convolutional: bool) -> RunSetup:
     """The setup the job will resolve on `num_gpus` slots of a kind, resolved here by the same function, with the
     largest slot as the budget of `auto` and the predicted peak per device (the reservation) always computed."""
     device = torch.device("cuda" if slot_kind == "gpu" else "cpu")
-    with torch.device("meta"):
-        convolutional = is_convolutional(build_model(cfg.model, data.info)[0])
     facts = DataFacts(data.info, epoch_samples(data.train, num_gpus), convolutional)
     budget = MemoryBudget(largest_slot_bytes, f"the largest {slot_kind} slot")
     # the slot's GPU model is not known here: bf16 is assumed, and fp16 costs the same memory

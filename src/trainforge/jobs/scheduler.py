@@ -113,14 +113,17 @@ def size(num_bytes: float) -> str:
     return f"{num_bytes / GiB:.2f} GiB" if num_bytes >= GiB else f"{num_bytes / 2**20:.1f} MiB"
 
 
-def never_fits(capacity_bytes: Mapping[str, int], need_bytes: int, count: int) -> Optional[str]:
-    """Why a job can never run on these slots, even with all of them empty; None when it can."""
+def never_fits(capacity_bytes: Mapping[str, int], need_bytes: int, count: int,
+               what: str = "(planner's predicted peak)",
+               fix: str = "lower train.micro_batch_size or use a smaller model") -> Optional[str]:
+    """Why a job can never run on these slots, even with all of them empty; None when it can. `what` says where
+    `need_bytes` comes from, `fix` what to change."""
     if count > len(capacity_bytes):
         return f"asks for {count} GPUs; this server has {len(capacity_bytes)} slot(s); pass --gpus {len(capacity_bytes)} or fewer"
     if best_fit(capacity_bytes, need_bytes, count) is None:
         largest = sorted(capacity_bytes.values(), reverse=True)[count - 1]
         where = "per GPU " if count > 1 else ""
-        return (f"needs {size(need_bytes)} {where}(planner's predicted peak) but the "
+        return (f"needs {size(need_bytes)} {where}{what} but the "
                 f"{'largest slot holds' if count == 1 else f'{count} largest slots hold'} {size(largest)}; "
-                "lower train.micro_batch_size or use a smaller model")
+                f"{fix}")
     return None

@@ -2,6 +2,7 @@
 
     app = create_app(service, token=None)                 # FastAPI app; the lifespan starts and stops the service
     serve(service, host="127.0.0.1", port=8765)           # uvicorn, what `trainforge server` runs
+    server_config(app, host="127.0.0.1", port=8765)       # its uvicorn.Config: request deadlines, connection bounds
 
 API (JSON; with a token every call needs `Authorization: Bearer <token>`):
     GET  /api/health                      {"ok", "slots", "sandboxed"}
@@ -23,7 +24,8 @@ Dashboard: / (jobs + submit form; tick jobs to compare), /jobs/{id} (curves, log
 Defences (docs/jobs.md, "Security model"): a state-changing request (any method but GET/HEAD/OPTIONS) must
 carry the X-Trainforge-Client header, which a cross-site form cannot send and a cross-site script cannot
 send without a CORS preflight this server never grants, and an Origin / Sec-Fetch-Site, when present, of
-this server itself; request bodies are capped; every response carries a Content-Security-Policy that allows
+this server itself; request bodies are capped; a request must arrive within 10 s of its connection (or of its first
+byte on a kept-alive one) and at most 128 connections may be receiving one (`jobs.connections`); every response carries a Content-Security-Policy that allows
 only this origin's own scripts and styles, X-Frame-Options: DENY and X-Content-Type-Options: nosniff. The
 token lives in a header only, never in a cookie (cookies are shared by every port of a host).
 """
@@ -37,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Path as PathParam, Query, Request
+from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -47,6 +49,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from trainforge.config import MAX_YAML_BYTES, builtin_recipes, describe_character
 from trainforge.errors import HIDDEN_CATEGORIES, UserError, clip_message
+from trainforge.jobs.peers import submitter
 from trainforge.jobs.progress import MAX_POINTS, read_log, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
@@ -232,10 +235,10 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
         return [service.view(j) for j in service.store.list()]
 
     @app.post("/api/jobs", response_model=JobOut, status_code=201)
-    async def submit(body: SubmitIn) -> dict[str, Any]:
+    async def submit(body: SubmitIn, who: Annotated[str, Depends(submitter_of)]) -> dict[str, Any]:
         job = await service.submit_async(Submission(
             recipe=body.recipe, recipe_yaml=body.recipe_yaml, overrides=tuple(body.overrides), num_gpus=body.gpus,
-            priority=body.priority, max_restarts=body.max_restarts))
+            priority=body.priority, max_restarts=body.max_restarts, submitter=who))
         return service.view(job)
 
     JobId = PathParam(..., ge=1, le=MAX_JOB_ID, description="job id")
@@ -299,6 +302,12 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
         return templates.TemplateResponse(request, "compare.html", {})
 
     return app
+
+
+def submitter_of(request: Request) -> str:
+    """Who sent this request (`peers.submitter`: a loopback client's Unix user, else its address). A plain function:
+    FastAPI runs it on its thread pool, so reading the kernel's socket tables never holds up the event loop."""
+    return submitter(request.scope.get("client"), request.scope.get("server"))
 
 
 def compare_jobs(service: JobService, ids: list[int]) -> Comparison:
@@ -371,7 +380,8 @@ class BodyLimit:
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
-            if message["type"] != "http.request":  # the client went away
+            if message["type"] != "http.request":  # the client went away (or its request deadline passed):
+                await _gone(send)  # an answer no one reads, so the middleware above sees one and logs no error
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
@@ -397,6 +407,10 @@ async def _too_large(max_bytes: int, send: Any) -> None:
     await response({"type": "http"}, None, send)
 
 
+async def _gone(send: Any) -> None:
+    await JSONResponse({"detail": "the request did not arrive in full"}, status_code=408)({"type": "http"}, None, send)
+
+
 def is_loopback(host: str) -> bool:
     """An address only this machine reaches: "localhost" or a loopback IP (127.0.0.0/8, ::1), by ipaddress."""
     if host == "localhost":
@@ -407,10 +421,34 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+MAX_CONNECTIONS = 512  # open at once; past it a request is answered 503 (well under a 1024 file-descriptor limit)
+
+
+def server_config(app: Any, *, host: str, port: int, request_timeout_s: Optional[float] = None,
+                  max_partial: Optional[int] = None) -> Any:
+    """The uvicorn.Config the server runs with (`serve`, and the tests' live server): uvicorn's h11 protocol with a
+    deadline on receiving each request and a bound on connections still receiving one (`jobs.connections`:
+    REQUEST_TIMEOUT_S, MAX_PARTIAL_CONNECTIONS unless given), at most MAX_CONNECTIONS connections, keep-alive
+    connections closed after uvicorn's 5 idle seconds, no access log."""
+    import uvicorn  # heavy (uvicorn): only serving needs it, not the app
+
+    from trainforge.jobs.connections import MAX_PARTIAL_CONNECTIONS, REQUEST_TIMEOUT_S, deadline_protocol
+
+    protocol = deadline_protocol(REQUEST_TIMEOUT_S if request_timeout_s is None else request_timeout_s,
+                                 MAX_PARTIAL_CONNECTIONS if max_partial is None else max_partial)
+    return uvicorn.Config(app, host=host, port=port, http=protocol, limit_concurrency=MAX_CONNECTIONS,
+                          timeout_keep_alive=5, log_level="warning", access_log=False)
+
+
 def serve(service: JobService, *, host: str, port: int, token: Optional[str]) -> None:
     """Run the server until Ctrl-C. Jobs keep running afterwards; a restarted server adopts them."""
     import uvicorn  # heavy (uvicorn): only serve() needs it, not the app
 
     allowed = sorted({"127.0.0.1", "localhost", "[::1]", "::1", host}) if is_loopback(host) else None
-    app = create_app(service, token=token, allowed_hosts=allowed)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(server_config(create_app(service, token=token, allowed_hosts=allowed), host=host, port=port))
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    if not server.started:  # uvicorn has logged why (the port taken meanwhile, the app failing to start)
+        raise UserError(f"--port: the server could not start on {host}:{port}; see the message above")

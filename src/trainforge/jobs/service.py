@@ -9,8 +9,9 @@
 One loop thread does every state change of running jobs (watch, then schedule) under one lock, so a job
 is started at most once. Submissions are validated on a pool of admission threads (`admission.load_submission`:
 no file is read) and sized in a capped child process (`sizing.SizeChecker`: the data and the planner), so
-the HTTP API stays responsive and one slow submission never holds up another; checked submissions are
-remembered in a bounded LRU cache.
+the HTTP API stays responsive and one slow submission never holds up another; checked submissions, admitted
+or refused, are remembered in bounded LRU caches keyed by their content. Each submitter (`Submission.submitter`)
+may hold all check slots but one.
 
 Everything the server writes is private to its user: directories 0700, files 0600 (job processes run with
 umask 077), and job processes get neither the API token nor anything else the server was told in secret
@@ -53,7 +54,7 @@ from trainforge.jobs.environment import inherited_env, model_caches, tracking_se
 from trainforge.jobs.pretrained import hub_env
 from trainforge.jobs.progress import progress
 from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check_placement, never_fits
-from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, SizeChecker
+from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Busy, SizeChecker
 from trainforge.jobs.slots import Slot, gpu_stats
 from trainforge.jobs.store import FINAL_STATES, Job, Store
 
@@ -64,6 +65,8 @@ log = logging.getLogger("trainforge.jobs")
 
 CANCEL_GRACE_S = 60.0  # SIGTERM, then SIGKILL if the trainer has not checkpointed and exited by then
 ADMITTED_CACHE_SIZE = 256  # checked submissions remembered (an identical resubmission is not checked again)
+REFUSED_CACHE_SIZE = 256  # submissions their check refused, remembered by the same key with the line they got
+REFUSED_TTL_S = 600.0  # ... for 10 minutes: a refusal that depended on the data or the load is checked again later
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 
 
@@ -79,6 +82,7 @@ class Submission:
     num_gpus: int = 1
     priority: int = 0
     max_restarts: int = 0
+    submitter: str = "local"  # who sent it (`peers.submitter`): each has a share of the check slots; not in the key
 
 
 class JobService:
@@ -121,6 +125,7 @@ class JobService:
         self._popens: dict[int, subprocess.Popen] = {}
         self._cancel_deadline: dict[int, float] = {}
         self._admitted: OrderedDict[str, Admitted] = OrderedDict()
+        self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()  # key -> (when, the public line)
         self._admitted_lock = threading.Lock()
         self._final_progress: dict[int, dict[str, Any]] = {}
         # more threads than checks: a submission that is refused before its check, or answered from the
@@ -192,16 +197,32 @@ class JobService:
         self.checker.warm()
 
     def _admit(self, sub: Submission) -> "Admitted":
+        """The checked submission, from the caches when this content was checked before: admitted (LRU of
+        ADMITTED_CACHE_SIZE) or refused by its check (LRU of REFUSED_CACHE_SIZE, each remembered REFUSED_TTL_S, so
+        a resubmitted oversized job costs nothing; later, or after the data changed, it is checked again)."""
         key = hashlib.sha256(json.dumps([sub.recipe, sub.recipe_yaml, list(sub.overrides), sub.num_gpus]).encode()).hexdigest()
         with self._admitted_lock:
             if key in self._admitted:
                 self._admitted.move_to_end(key)
                 return self._admitted[key]
+            refused = self._refused.pop(key, None)
+            if refused is not None and time.monotonic() - refused[0] < REFUSED_TTL_S:
+                self._refused[key] = refused  # the most recent again
+                raise UserError(refused[1], public=True)
         from trainforge.jobs.admission import load_submission  # heavy (torch): imported by start()'s warm-up
 
         cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots,
                               allow_hub_downloads=self.allow_hub_downloads, tracking_uri_allow=self.tracking_uri_allow)
-        admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots)
+        try:
+            admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots, submitter=sub.submitter)
+        except Busy:
+            raise  # not an answer about this submission
+        except UserError as e:  # the check's public line, the only thing the API shows
+            with self._admitted_lock:
+                self._refused[key] = (time.monotonic(), e.public if isinstance(e.public, str) else str(e))
+                while len(self._refused) > REFUSED_CACHE_SIZE:
+                    self._refused.popitem(last=False)
+            raise
         with self._admitted_lock:
             self._admitted[key] = admitted
             while len(self._admitted) > ADMITTED_CACHE_SIZE:

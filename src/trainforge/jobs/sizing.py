@@ -2,13 +2,19 @@
 
     checker = SizeChecker(data_roots=roots, timeout_s=120, memory_bytes=4 * 2**30, max_parallel=4)
     checker.warm()                                    # start the fork server now, not on the first submission
-    admitted = checker.size(cfg, num_gpus=1, slots=slots)   # blocks this thread only; UserError on any failure
+    admitted = checker.size(cfg, num_gpus=1, slots=slots, submitter="uid 1000")   # blocks this thread only;
+                                                      # UserError on any failure, Busy (503) when no slot is free
 
 Reading a submission's data and simulating its model can take long and much memory (a folder of a million
 images, a synthetic set of a billion samples). So it happens in a child forked from a fork server that has
 imported torch and the planner once (a check starts in milliseconds), with RLIMIT_AS capping its memory, a
 deadline after which it is killed, and at most `max_parallel` checks at a time: another submission is
-answered at once with "busy" instead of waiting behind a slow one. The child reports only a public line
+answered at once with "busy" instead of waiting behind a slow one. One submitter (`jobs.peers.submitter`: the Unix
+user of a loopback client, else the client's address) holds at most `max_parallel - 1` of those slots
+(`CheckSlots`), so one slot always stays open for everyone else: a user submitting checks that take long makes
+only their own further submissions busy. A slot is worth little without a core, so the checks of a submitter
+running two at once run at nice +5, three at once at +10 (all of theirs, the earlier ones reniced): another user's
+check, at the server's own priority, gets its core while they run. The child reports only a public line
 (`errors.public_message`); its full error goes to the server's log. It runs with the data roots and the hub
 settings of the jobs (`pretrained.hub_env`: offline unless the operator allowed downloads) in an empty folder
 of its own, so no relative name a submission gives reaches a file of the server's working directory, and inside
@@ -23,8 +29,10 @@ import os
 import sys
 import tempfile
 import threading
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from trainforge.config import config_from_yaml_text
 from trainforge.data.roots import ENV as ROOTS_ENV
@@ -46,10 +54,76 @@ CONTEXT.set_forkserver_preload(["trainforge.jobs.admission"])  # torch, data sou
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_MEMORY_BYTES = 4 * 2**30
 DEFAULT_PARALLEL = 4
+NICE_PER_CHECK = 5  # a submitter's checks, k at once, all run 5 x (k - 1) nicer than the server: 0, 5, 10
 
 
 class Busy(UserError):
     """Every check slot is taken: the client should retry (HTTP 503)."""
+
+
+class CheckSlots:
+    """At most `total` checks at once, and at most `total - 1` for one submitter when `total` > 1; the checks of a
+    submitter running k at once all run NICE_PER_CHECK x (k - 1) below the server's CPU priority."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.per_submitter = total - 1 if total > 1 else total
+        self._lock = threading.Lock()
+        self._held: Counter[str] = Counter()
+        self._pids: dict[str, set[int]] = {}
+
+    def in_use(self, submitter: str | None = None) -> int:
+        with self._lock:
+            return sum(self._held.values()) if submitter is None else self._held[submitter]
+
+    @contextmanager
+    def hold(self, submitter: str) -> Iterator[Callable[[int], None]]:
+        """One slot for `submitter` while the block runs; Busy at once when none is free for them. Yields a
+        function to call with the check's process id once it runs, which sets the CPU priority of their checks."""
+        with self._lock:
+            if sum(self._held.values()) >= self.total:
+                raise Busy(f"the server is checking {self.total} submissions already; retry in a few seconds",
+                           public=True)
+            if self._held[submitter] >= self.per_submitter:
+                raise Busy(f"you have {self._held[submitter]} submissions being checked already, the most one user "
+                           "may have at once (the other slots stay open for others); retry when one is answered",
+                           public=True)
+            self._held[submitter] += 1
+        pids = []
+
+        def started(pid: int) -> None:
+            with self._lock:
+                pids.append(pid)
+                theirs = self._pids.setdefault(submitter, set())
+                theirs.add(pid)
+                _lower_priority(theirs, NICE_PER_CHECK * (len(theirs) - 1))
+
+        try:
+            yield started
+        finally:
+            with self._lock:
+                self._held[submitter] -= 1
+                if not self._held[submitter]:
+                    del self._held[submitter]
+                theirs = self._pids.get(submitter)
+                if theirs is not None:
+                    theirs.difference_update(pids)
+                    if not theirs:
+                        del self._pids[submitter]
+
+
+def _lower_priority(pids: set[int], nice: int) -> None:
+    """Each of `pids` at least `nice` below this process's CPU priority (raising a niceness needs no privilege;
+    it is never lowered again, as that would)."""
+    if nice <= 0:
+        return
+    target = min(os.getpriority(os.PRIO_PROCESS, 0) + nice, 19)
+    for pid in pids:
+        try:
+            if os.getpriority(os.PRIO_PROCESS, pid) < target:
+                os.setpriority(os.PRIO_PROCESS, pid, target)
+        except OSError:  # ended meanwhile
+            pass
 
 
 class SizeChecker:
@@ -61,33 +135,31 @@ class SizeChecker:
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
         self.max_parallel = max_parallel
-        self._free = threading.BoundedSemaphore(max_parallel)
+        self.slots = CheckSlots(max_parallel)
 
     def warm(self) -> None:
         proc = CONTEXT.Process(target=_noop, daemon=True)
         proc.start()
         proc.join()
 
-    def size(self, cfg_yaml: str, num_gpus: int, slots: Sequence[Slot]) -> Admitted:
-        if not self._free.acquire(blocking=False):
-            raise Busy(f"the server is checking {self.max_parallel} submissions already; retry in a few seconds",
-                       public=True)
-        try:
-            return self._run(cfg_yaml, num_gpus, list(slots))
-        finally:
-            self._free.release()
+    def size(self, cfg_yaml: str, num_gpus: int, slots: Sequence[Slot], *, submitter: str = "local") -> Admitted:
+        with self.slots.hold(submitter) as started:
+            return self._run(cfg_yaml, num_gpus, list(slots), started)
 
-    def _run(self, cfg_yaml: str, num_gpus: int, slots: list[Slot]) -> Admitted:
+    def _run(self, cfg_yaml: str, num_gpus: int, slots: list[Slot],
+             started: Callable[[int], None] = lambda pid: None) -> Admitted:
         # the check's own folder, made and removed here: inside its fence the child may write in it, not remove it
         with tempfile.TemporaryDirectory(prefix="trainforge-check-") as workdir:
-            return self._run_in(workdir, cfg_yaml, num_gpus, slots)
+            return self._run_in(workdir, cfg_yaml, num_gpus, slots, started)
 
-    def _run_in(self, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot]) -> Admitted:
+    def _run_in(self, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot],
+                started: Callable[[int], None]) -> Admitted:
         receive, send = CONTEXT.Pipe(duplex=False)
         proc = CONTEXT.Process(target=_check, args=(send, workdir, cfg_yaml, num_gpus, slots, self.child_env,
                                                     self.memory_bytes, self.fence),
                                daemon=True, name="trainforge-size-check")
         proc.start()
+        started(proc.pid)
         send.close()
         try:
             if not receive.poll(self.timeout_s):
@@ -131,11 +203,11 @@ def _check(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Sl
            memory_bytes: int, fence: Optional[tuple[tuple[Path, ...], tuple[Path, ...]]]) -> None:
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
     with log_to(sys.stderr, logging.WARNING):  # the server's stderr, escaped like its own log: errors may quote data
-        _size_and_send(conn, cfg_yaml, num_gpus, slots, env, memory_bytes)
+        _size_and_send(conn, workdir, cfg_yaml, num_gpus, slots, env, memory_bytes, fence)
 
 
-def _size_and_send(conn: Any, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
-                   memory_bytes: int) -> None:
+def _size_and_send(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
+                   memory_bytes: int, fence: Optional[tuple[tuple[Path, ...], tuple[Path, ...]]]) -> None:
     import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
 
     from trainforge.jobs.admission import size_submission  # heavy (torch): loaded in the child, as above
