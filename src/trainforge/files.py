@@ -10,7 +10,8 @@ fsynced, renamed over the target, and the directory is fsynced so the rename its
 loss. Standard library only: `trainforge predict` runs where torch is absent.
 
 `trainforge_home()` is the per-user folder of what trainforge remembers between runs (calibration factors,
-folder manifests, token shards): `$TRAINFORGE_HOME`, default `~/.cache/trainforge`.
+folder manifests, token shards): `$TRAINFORGE_HOME`, default `~/.cache/trainforge`. `shared_homes()` are others
+to reuse prepared data from without writing them ($TRAINFORGE_SHARED_HOME).
 """
 from __future__ import annotations
 
@@ -23,11 +24,19 @@ from typing import Any
 from trainforge.errors import UserError
 
 HOME_ENV = "TRAINFORGE_HOME"
+SHARED_HOME_ENV = "TRAINFORGE_SHARED_HOME"  # os.pathsep-separated homes to reuse from, never to write (a server's jobs)
 
 
 def trainforge_home() -> Path:
     """`$TRAINFORGE_HOME`, else `~/.cache/trainforge` (not created here)."""
     return Path(os.environ.get(HOME_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "trainforge"))
+
+
+def shared_homes() -> tuple[Path, ...]:
+    """Homes whose prepared data (token shards, tokenizers, folder manifests) this process may reuse but never
+    writes: a job of the server reads its server's cache, which its admission check prepared, and writes its own."""
+    value = os.environ.get(SHARED_HOME_ENV, "")
+    return tuple(Path(p) for p in value.split(os.pathsep) if p)
 
 
 def fsync_file(path: Path) -> None:

@@ -203,3 +203,30 @@ def test_a_link_swapped_in_after_admission_is_refused_by_the_job_and_the_fence_a
     assert "train-00000.tar" in done.reason and "symbolic link leading outside" in done.reason
     log = service.paths(job.id).log.read_text()
     assert "Traceback" not in log and not (Path(done.run_dir) / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_a_job_reuses_what_its_check_prepared_from_the_servers_cache_and_writes_only_its_own(tmp_path, data_root):
+    write_images(data_root / "photos")
+    service = make_service(tmp_path, "cpu:1", data_roots=[data_root])
+    job = service.submit(Submission("digits_cnn", overrides=(*QUICK, "train.max_steps=4", "data.source=imagefolder",
+                                                             f"data.path={data_root / 'photos'}",
+                                                             "data.args={image_size: 8}", *SMALL)))
+    cache = service.state_dir / "cache"
+    prepared = sorted(p.name for p in (cache / "manifests").glob("*.json"))
+    assert len(prepared) == 1  # the check scanned the folder once, into the server's cache
+    policy = service._policy(service.paths(job.id))
+    assert str(cache) in policy.read and str(cache) not in policy.write
+
+    def ended() -> bool:
+        service.tick()
+        return service.get(job.id).state in FINAL_STATES
+
+    try:
+        wait_for(ended, 120, "the job to end", 0.2)
+    finally:
+        stop_all_jobs(service)
+    done = service.get(job.id)
+    assert done.state == "succeeded", done.reason
+    scan = json.loads((Path(done.run_dir) / "data_report.json").read_text())["manifest"]
+    assert scan["status"] == "reused" and Path(scan["path"]) == cache / "manifests" / prepared[0]  # read, not rescanned

@@ -45,7 +45,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 from PIL import Image
 
 from trainforge.data.roots import check_found, check_read
-from trainforge.files import trainforge_home, write_text_atomic
+from trainforge.files import shared_homes, trainforge_home, write_text_atomic
 
 FORMAT = "trainforge-imagefolder-manifest"
 VERSION = 1
@@ -369,6 +369,14 @@ def folder_manifest(root: Path, workers: Optional[int] = None) -> FolderScan:
                       "whole folder: set TRAINFORGE_HOME to a writable folder")
         return _scan_uncached(root, classes, listing, workers)
     failures = FailureLog(folder / f"{key}.failures.jsonl")
+    for home in shared_homes():  # a manifest another process keeps where this one may not write (a server's check)
+        shared = check_read(home / "manifests" / f"{key}.json", "data.path")
+        stored, _ = read_manifest(shared, real_root)
+        d = diff(stored, listing, failures.failed())
+        if stored is not None and not d.stale(stored, classes):
+            report = {"path": str(shared), "status": "reused", "files": len(listing), "new": 0, "changed": 0,
+                      "removed": 0, "read": 0, "last_scan": stored.scans[-1] if stored.scans else None}
+            return FolderScan(classes, [d.facts[f.path] for f in listing], report, failures)
     with locked(lock, False, root):
         stored, problem = read_manifest(path, real_root)
         d = diff(stored, listing, failures.failed())

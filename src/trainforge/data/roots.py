@@ -10,11 +10,12 @@
 server passes its roots to every job process (and to the check of a submission) in TRAINFORGE_DATA_ROOTS, and
 every file they open for data or weights goes through `check_read` first: its real path (symbolic links
 followed) must lie under a root, or under the process's own cache folder ($TRAINFORGE_HOME: manifests, token
-shards, which the server makes private to each job). The sources call it for the path a recipe names, for every
-file a scan finds (before any is read), for the shards an index lists, for the files of a torchvision dataset and
-for pretrained folders. A path a user named is first judged lexically (`confine`), so nothing outside the roots is
-even looked at (no stat, no readlink). What is opened after the check (a link swapped in that instant) is stopped
-by the job's sandbox (jobs/sandbox.py), which only lets it read the roots, the caches and its own folders.
+shards, which the server makes private to each job) or its server's ($TRAINFORGE_SHARED_HOME, read-only). The
+sources call it for the path a recipe names, for every file a scan finds (before any is read), for the shards an
+index lists, for the files of a torchvision dataset and for pretrained folders. A path a user named is first
+judged lexically (`confine`), so nothing outside the roots is even looked at (no stat, no readlink). What is
+opened after the check (a link swapped in that instant) is stopped by the job's sandbox (jobs/sandbox.py), which
+only lets it read the roots, the caches and its own folders.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trainforge.errors import UserError, quote
-from trainforge.files import trainforge_home
+from trainforge.files import shared_homes, trainforge_home
 
 MAX_TREE_ENTRIES = 10_000  # a pretrained model folder is a few files; a walk never goes further
 ENV = "TRAINFORGE_DATA_ROOTS"  # os.pathsep-separated absolute real paths; set by the job server for its jobs
@@ -97,7 +98,8 @@ def check_read(path: Path, field: str, top: Optional[Path] = None) -> Path:
     roots = confined_roots()
     if roots is None:
         return Path(path)
-    return _checked(Path(path), field, (*roots, Path(os.path.realpath(trainforge_home()))), str(path), top)
+    caches = (trainforge_home(), *shared_homes())  # its own (private to the job) and its server's (read-only)
+    return _checked(Path(path), field, (*roots, *(Path(os.path.realpath(c)) for c in caches)), str(path), top)
 
 
 PATH_WORDS = ("file", "path", "dir", "root", "folder")  # an argument named like this names a file or folder

@@ -48,7 +48,7 @@ from tokenizers import Tokenizer
 from trainforge.data.roots import check_read
 from trainforge.data.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
-from trainforge.files import fsync_dir, fsync_file, trainforge_home, write_json_atomic, write_text_atomic
+from trainforge.files import fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic
 
 FORMAT = 1  # of index.json and the shard files; another format is another key
 SHARD_BYTES = 256 * 2**20  # corpus bytes per shard (and per task of the pool)
@@ -424,6 +424,16 @@ def shard_directory(corpus: Corpus, tok: ShardTokenizer) -> Path:
     return tokens_home() / shard_key(corpus, tok)
 
 
+def shared_index(corpus: Corpus, tok: ShardTokenizer) -> Optional[ShardIndex]:
+    """The corpus' complete shards in a shared home (read, never written), if one has them."""
+    key = shard_key(corpus, tok)
+    for home in shared_homes():
+        found = read_index(home / "tokens" / key)
+        if found is not None:
+            return found
+    return None
+
+
 # ---- preparing: once per key, under a lock, into a temporary directory renamed into place
 
 
@@ -438,7 +448,7 @@ def prepare_shards(corpus: Corpus, tok: ShardTokenizer, *, rebuild: bool = False
     they are ready. `workers`: processes of the pool (default: one per CPU, at most one per shard)."""
     final = shard_directory(corpus, tok)
     if not rebuild:
-        found = read_index(final)
+        found = read_index(final) or shared_index(corpus, tok)
         if found is not None:
             return found
     root = final.parent
@@ -587,6 +597,13 @@ def trained_once(corpus: Corpus, settings: dict[str, Any], train: Callable[[], T
     every later run (another rank, a trial, a plan) reuses it, and with it the shards it tokenized."""
     doc = {"format": FORMAT, "corpus": corpus.identity(), "files": [vars(s) for s in corpus.stats], **settings}
     key = hashlib.sha256(json.dumps(doc, sort_keys=True).encode("utf-8")).hexdigest()[:32]
+    for home in shared_homes():  # trained by another process that may share it (a server's check), never written
+        try:
+            stored = json.loads(check_read(home / "tokens" / f"bpe-{key}.json", "data.tokenizer").read_text())
+        except (OSError, ValueError):
+            continue
+        if is_stored(stored):
+            return TextTokenizer.from_preprocess(stored)
     path = tokens_home() / f"bpe-{key}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     with hold_lock(path.with_suffix(".lock"), path, progress):

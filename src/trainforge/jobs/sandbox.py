@@ -101,20 +101,24 @@ def python_paths() -> tuple[str, ...]:
 
 
 def job_policy(*, run_dir: Path, tmp_dir: Path, job_dir: Path, data_roots: Sequence[Path],
-               caches: Sequence[Path], writable_caches: bool = False) -> Policy:
-    """A job's fence: write its run directory and temp directory; read its folder, the data roots, the caches."""
+               caches: Sequence[Path], writable_caches: bool = False, prepared: Optional[Path] = None) -> Policy:
+    """A job's fence: write its run directory and temp directory; read its folder, the data roots, the model caches
+    and the server's cache of `prepared` data (manifests, token shards its admission check made)."""
     caches = tuple(str(c) for c in caches)
+    shared = (str(prepared),) if prepared is not None else ()
     return Policy(
-        read=(*SYSTEM_READ, *python_paths(), *_link_targets(), str(job_dir), *map(str, data_roots), *caches),
+        read=(*SYSTEM_READ, *python_paths(), *_link_targets(), str(job_dir), *map(str, data_roots), *caches, *shared),
         write=(*SYSTEM_WRITE, str(run_dir), str(tmp_dir), *(caches if writable_caches else ())),
         devices=SYSTEM_DEVICES,
     )
 
 
-def check_policy(*, tmp_dir: Path, data_roots: Sequence[Path], caches: Sequence[Path]) -> Policy:
-    """The size check's fence: it reads what the job would read, and writes only its own temp directory."""
+def check_policy(*, tmp_dir: Path, data_roots: Sequence[Path], caches: Sequence[Path],
+                 prepared: Optional[Path] = None) -> Policy:
+    """The size check's fence: it reads what the job would read, and writes only its own temp directory and the
+    server's cache of prepared data (`prepared`: manifests and token shards, which the jobs then only read)."""
     return Policy(read=(*SYSTEM_READ, *python_paths(), *_link_targets(), *map(str, data_roots), *map(str, caches)),
-                  write=(*SYSTEM_WRITE, str(tmp_dir)), devices=SYSTEM_DEVICES)
+                  write=(*SYSTEM_WRITE, str(tmp_dir), *([str(prepared)] if prepared else [])), devices=SYSTEM_DEVICES)
 
 
 def _link_targets() -> tuple[str, ...]:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import yaml
 
 from trainforge.errors import UserError
-from trainforge.files import write_text_atomic
+from trainforge.files import SHARED_HOME_ENV, write_text_atomic
 from trainforge.jobs import runner
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
@@ -114,13 +114,15 @@ class JobService:
         server_env = os.environ if env is None else env
         self.caches = model_caches(server_env)
         # an allow-list, never the whole environment: the operator's secrets stay with the operator
+        self.prepared = self.state_dir / "cache"  # manifests and token shards the checks prepare; jobs only read it
+        private_dir(self.prepared)
         self.env = {**inherited_env(server_env, job_env), **self.caches, ROOTS_ENV: roots_env(self.data_roots),
-                    **hub_env(allow_hub_downloads)}
+                    SHARED_HOME_ENV: str(self.prepared), **hub_env(allow_hub_downloads)}
         self.tracking_secrets = tracking_secrets(server_env)  # only for a job whose tracking server is allowed
         self.checker = SizeChecker(data_roots=self.data_roots, timeout_s=admission_timeout_s,
                                    memory_bytes=admission_memory_bytes, max_parallel=admission_parallel,
                                    allow_hub_downloads=allow_hub_downloads, caches=list(self.caches.values()),
-                                   sandboxed=sandboxed)
+                                   sandboxed=sandboxed, prepared=self.prepared)
         self._lock = threading.RLock()
         self._popens: dict[int, subprocess.Popen] = {}
         self._cancel_deadline: dict[int, float] = {}
@@ -396,7 +398,7 @@ class JobService:
         """The job's fence: it writes its run directory and temp folder, reads its folder, the roots and caches."""
         return sandbox.job_policy(run_dir=paths.run_dir, tmp_dir=paths.tmp, job_dir=paths.job_dir,
                                   data_roots=self.data_roots, caches=[Path(c) for c in self.caches.values()],
-                                  writable_caches=self.allow_hub_downloads)
+                                  writable_caches=self.allow_hub_downloads, prepared=self.prepared)
 
     def _job_env(self, job: Job) -> dict[str, str]:
         """The server's allow-listed environment, plus its tracking credentials when the job logs to a tracking

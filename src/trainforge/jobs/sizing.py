@@ -31,6 +31,7 @@ import tempfile
 import threading
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
@@ -38,6 +39,7 @@ from trainforge.config import config_from_yaml_text
 from trainforge.data.roots import ENV as ROOTS_ENV
 from trainforge.data.roots import roots_env
 from trainforge.errors import UserError
+from trainforge.files import HOME_ENV
 from trainforge.jobs import sandbox
 from trainforge.jobs.pretrained import apply_hub_env, hub_env
 from trainforge.jobs.serverlog import log_to
@@ -126,12 +128,24 @@ def _lower_priority(pids: set[int], nice: int) -> None:
             pass
 
 
+@dataclass(frozen=True)
+class Fence:
+    """A check's sandbox: it reads the data roots and caches; it writes its temp folder and `prepared`."""
+
+    data_roots: tuple[Path, ...]
+    caches: tuple[Path, ...]
+    prepared: Optional[Path]
+
+
 class SizeChecker:
     def __init__(self, *, data_roots: Sequence[Path] = (), timeout_s: float = DEFAULT_TIMEOUT_S,
                  memory_bytes: int = DEFAULT_MEMORY_BYTES, max_parallel: int = DEFAULT_PARALLEL,
-                 allow_hub_downloads: bool = False, caches: Sequence[str] = (), sandboxed: bool = True) -> None:
+                 allow_hub_downloads: bool = False, caches: Sequence[str] = (), sandboxed: bool = True,
+                 prepared: Optional[Path] = None) -> None:
         self.child_env = {ROOTS_ENV: roots_env(data_roots), **hub_env(allow_hub_downloads)}
-        self.fence = (tuple(data_roots), tuple(Path(c) for c in caches)) if sandboxed else None
+        if prepared is not None:  # what a check prepares (manifests, token shards) is kept there for the jobs
+            self.child_env[HOME_ENV] = str(prepared)
+        self.fence = Fence(tuple(data_roots), tuple(Path(c) for c in caches), prepared) if sandboxed else None
         self.timeout_s = timeout_s
         self.memory_bytes = memory_bytes
         self.max_parallel = max_parallel
@@ -200,14 +214,14 @@ def _cap_memory(extra_bytes: int) -> None:
 
 
 def _check(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
-           memory_bytes: int, fence: Optional[tuple[tuple[Path, ...], tuple[Path, ...]]]) -> None:
+           memory_bytes: int, fence: Optional[Fence]) -> None:
     """In the child: size the submission and send ("ok", Admitted) or (kind, one public line)."""
     with log_to(sys.stderr, logging.WARNING):  # the server's stderr, escaped like its own log: errors may quote data
         _size_and_send(conn, workdir, cfg_yaml, num_gpus, slots, env, memory_bytes, fence)
 
 
 def _size_and_send(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots: list[Slot], env: dict[str, str],
-                   memory_bytes: int, fence: Optional[tuple[tuple[Path, ...], tuple[Path, ...]]]) -> None:
+                   memory_bytes: int, fence: Optional[Fence]) -> None:
     import torch  # heavy: the fork server preloads these, the server process itself need not wait for them
 
     from trainforge.jobs.admission import size_submission  # heavy (torch): loaded in the child, as above
@@ -216,11 +230,11 @@ def _size_and_send(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots:
         torch.set_num_threads(1)  # one core per check: the server and the running jobs keep theirs
         apply_hub_env(env)  # the data sources enforce the roots, and the hub stays offline, as in the job itself
         os.chdir(workdir)  # empty: a relative name ("org/name") can only be a hub id, never a folder of ours
-        os.environ.update(TMPDIR=workdir, TRAINFORGE_HOME=os.path.join(workdir, "trainforge"))
+        os.environ.update(TMPDIR=workdir, TRAINFORGE_HOME=env.get(HOME_ENV) or os.path.join(workdir, "trainforge"))
         tempfile.tempdir = workdir  # the fork server may have looked it up already
-        if fence is not None:  # the job's fence, read-only: the roots, the caches, the software; writes in workdir
-            data_roots, caches = fence
-            sandbox.restrict(sandbox.check_policy(tmp_dir=Path(workdir), data_roots=data_roots, caches=caches))
+        if fence is not None:  # the job's fence, read-only but for workdir and the cache of prepared data
+            sandbox.restrict(sandbox.check_policy(tmp_dir=Path(workdir), data_roots=fence.data_roots,
+                                                  caches=fence.caches, prepared=fence.prepared))
         _cap_memory(memory_bytes)
         result: tuple[str, Any] = ("ok", size_submission(config_from_yaml_text(cfg_yaml), num_gpus, slots))
     except UserError as e:
