@@ -9,7 +9,7 @@ gradients per step) at a small batch, so that the gradient all-reduce is a sizea
 process builds the same model from the same seed. Three ways of syncing the gradients, interleaved in every
 repeat (the order rotates), each timed over `--steps` steps after `--warmup`:
 
-- `overlapped`: `trainforge.distributed.data_parallel.OverlappedAllReduce`, what `distributed.strategy: ddp`
+- `overlapped`: `trainforge.engine.data_parallel.OverlappedAllReduce`, what `distributed.strategy: ddp`
   runs: ~25 MiB buckets, each all-reduced asynchronously as soon as backward has produced its gradients;
 - `post_backward`: backward first, then the same buckets all-reduced one after another (no overlap; what
   trainforge did before);
@@ -44,8 +44,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from trainforge.distributed.data_parallel import BUCKET_BYTES, OverlappedAllReduce
-from trainforge.distributed.env import DistEnv
+from trainforge.engine.data_parallel import BUCKET_BYTES, OverlappedAllReduce
+from trainforge.engine.env import DistEnv
 
 MODES = ("overlapped", "post_backward", "torch_ddp")
 NOISY_SPREAD = 0.10

@@ -80,9 +80,9 @@ import trainforge
 from trainforge.config import Config, config_from_dict
 from trainforge.data import build_data
 from trainforge.data.loader import available_cpus, epoch_order
-from trainforge.training.metrics import read_metrics
-from trainforge.training.optim import param_groups
-from trainforge.training.schedule import lr_at
+from trainforge.engine.metrics import read_metrics
+from trainforge.engine.optim import param_groups
+from trainforge.engine.schedule import lr_at
 
 GOAL_RATIO = 1.0
 # cpu: this process's CPU time (all its threads). On a shared machine it counts only the time the process ran,

@@ -58,7 +58,7 @@ from trainforge.errors import UserError  # noqa: E402
 from trainforge.hardware.catalog import load_catalog  # noqa: E402
 from trainforge.models.hf import no_progress_bars  # noqa: E402
 from trainforge.models.zoo import build_model  # noqa: E402
-from trainforge.planning.calibrate import MeasuredRun, calibrate, measure_steps, predict_measured  # noqa: E402
+from trainforge.training.calibrate import MeasuredRun, calibrate, measure_steps, predict_measured  # noqa: E402
 from trainforge.planning.calibration_store import HOME_ENV, load_calibration  # noqa: E402
 from trainforge.planning.local import local_spec  # noqa: E402
 

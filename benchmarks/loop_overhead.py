@@ -37,7 +37,7 @@ from trainforge.data.base import DataInfo
 from trainforge.data.loader import available_cpus
 from trainforge.models import build_model
 from trainforge.training.run import run
-from trainforge.training.metrics import read_metrics
+from trainforge.engine.metrics import read_metrics
 
 WINDOW_STEPS = 10  # = train.log_every_steps: one metrics row, one plain-loop timing window
 GOAL_RATIO = 1.05

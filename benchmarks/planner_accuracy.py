@@ -57,7 +57,7 @@ def memory_rows() -> list[dict]:
 def time_rows(device: torch.device) -> list[dict]:
     from trainforge.planning.plan import plan_local_step
     from trainforge.training.run import run
-    from trainforge.training.metrics import read_metrics
+    from trainforge.engine.metrics import read_metrics
 
     rows = []
     catalog = load_catalog()

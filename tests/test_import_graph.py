@@ -1,4 +1,5 @@
-"""No import cycle between the modules of ``src/trainforge`` (issue 13, item 5).
+"""No import cycle between the modules of ``src/trainforge`` (issue 13, item 5), and each folder one layer whose
+imports point down only (issue 27): ``LAYERS`` below is the architecture of docs/architecture.md.
 
 The graph is built statically with ``ast`` from every ``.py`` file under ``src/trainforge``:
 
@@ -157,6 +158,60 @@ def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]
     return cycles
 
 
+# Each folder (or top-level module) of src/trainforge in one layer; an import may point to its own layer's other
+# folders (the folder graph stays acyclic) or below, never up. The package itself (`trainforge`, its __init__) and
+# the CLI are the top.
+LAYERS = [
+    ("foundations", {"errors", "files", "registry", "imports", "metrics_file", "integrity", "console", "config",
+                     "hardware", "confine", "hub", "layout"}),
+    ("data and models", {"data", "models"}),
+    ("engine", {"engine"}),
+    ("estimation and reports", {"planning", "report"}),
+    ("training", {"training"}),
+    ("stages", {"launch", "tuning", "compression", "tracking", "jobs"}),
+    ("entry points", {"cli", "__main__", ""}),
+]
+LEVEL = {folder: i for i, (_, folders) in enumerate(LAYERS) for folder in folders}
+
+
+def folder_of(module: str) -> str:
+    """The folder (or top-level module) of src/trainforge a module is in: trainforge.engine.optim -> engine."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    folders: dict[str, set[str]] = {folder_of(m): set() for m in graph}
+    for module, targets in graph.items():
+        for target in targets:
+            if folder_of(target) != folder_of(module):
+                folders[folder_of(module)].add(folder_of(target))
+    return folders
+
+
+def test_every_folder_has_a_layer():
+    unknown = sorted(f for f in folder_graph(import_graph()) if f not in LEVEL)
+    assert not unknown, f"put these in LAYERS (and docs/architecture.md): {unknown}"
+
+
+def test_folder_imports_point_down_only():
+    graph = import_graph()
+    upward = sorted(f"{m} -> {t}  ({LAYERS[LEVEL[folder_of(m)]][0]} -> {LAYERS[LEVEL[folder_of(t)]][0]})"
+                    for m, targets in graph.items() for t in targets
+                    if LEVEL.get(folder_of(t), -1) > LEVEL.get(folder_of(m), len(LAYERS)))
+    assert not upward, f"{len(upward)} import(s) point up a layer:\n" + "\n".join(upward)
+
+
+def test_no_folder_cycles():
+    cycles = find_cycles(folder_graph(import_graph()))
+    assert not cycles, "folders importing each other: " + "; ".join(" -> ".join(c) for c, _ in cycles)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"trainforge.engine.optim": {"trainforge.training.loop"}, "trainforge.training.loop": set()}
+    assert LEVEL[folder_of("trainforge.training.loop")] > LEVEL[folder_of("trainforge.engine.optim")]
+    assert find_cycles(folder_graph({**graph, "trainforge.training.loop": {"trainforge.engine.optim"}}))
+
+
 def test_graph_sees_function_level_imports():
     graph = import_graph()
     assert len(graph) > 50
@@ -187,10 +242,9 @@ def test_report_does_not_import_training():
 
 
 def test_the_planner_does_not_reach_the_training_loop():
-    """Only `planning.calibrate` (it runs real steps) may reach `training.loop`; the rest of the planner
-    (plan, auto, the calibration store, render) must not, or the loop's `micro_batch_size: auto` is a cycle."""
+    """The planner (plan, auto, the calibration store, render) never reaches `training.loop`, or the loop's
+    `micro_batch_size: auto` is a cycle; calibration, which runs real steps, lives in training/."""
     graph = import_graph()
     loop = f"{PKG}.training.loop"
-    reaching = sorted(m for m in graph if m.startswith(f"{PKG}.planning") and m != f"{PKG}.planning.calibrate"
-                      and loop in _reachable(graph, m))
+    reaching = sorted(m for m in graph if m.startswith(f"{PKG}.planning") and loop in _reachable(graph, m))
     assert not reaching, reaching

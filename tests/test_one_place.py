@@ -31,8 +31,8 @@ def callers(name: str) -> set[str]:
 def test_each_decision_has_one_implementation():
     assert definitions("resolve") == ["training/setup.py"]
     assert definitions("largest_fitting") == ["planning/memory.py"]
-    assert definitions("resolve_precision") == ["training/precision.py"]
-    assert definitions("shrink_micro_batch") == ["training/microbatch.py"]
+    assert definitions("resolve_precision") == ["engine/precision.py"]
+    assert definitions("shrink_micro_batch") == ["engine/microbatch.py"]
     assert definitions("write_text_atomic") == ["files.py"]
 
 

@@ -37,10 +37,12 @@ logging.getLogger("torch.utils._pytree").addFilter(_EnumConstantNotes())
 
 
 def train(config: Any = None, **kwargs: Any) -> "TrainResult":
-    """See `trainforge.training.api.train`. Imported lazily so `import trainforge` stays cheap."""
+    """See `trainforge.training.api.train`; log.mlflow's tracking is composed here (training imports none of it).
+    Imported lazily so `import trainforge` stays cheap."""
+    from trainforge.tracking import tracked  # light until used: MLflow loads only when a run asks for it
     from trainforge.training.api import train as _train  # heavy (torch): `import trainforge` stays light
 
-    return _train(config, **kwargs)
+    return _train(config, **{**kwargs, "hooks": tracked(kwargs.get("hooks"))})
 
 
 def evaluate(checkpoint: Any, split: str = "test", device: Any = None) -> dict:

@@ -28,8 +28,8 @@ from rich.table import Table
 from trainforge.compression.commands import register as register_compress
 from trainforge.config import builtin_recipes, load_config
 from trainforge.console import err, out, print_json
-from trainforge.distributed.launch import launch as launch_run, report_user_error
-from trainforge.distributed.manifests import launch_text
+from trainforge.launch.torchrun import launch as launch_run, report_user_error
+from trainforge.launch.manifests import launch_text
 from trainforge.errors import JobFailed, UserError, printable
 from trainforge.files import write_text_atomic
 from trainforge.hardware.catalog import catalog_rows, load_catalog
@@ -73,7 +73,7 @@ def train(
 
     Batch: train.global_batch_size samples per step; train.micro_batch_size is an upper bound per process.
     """
-    from trainforge.training.api import train as run_train  # heavy (torch): the CLI starts fast without it
+    from trainforge import train as run_train  # heavy (torch, on use): the CLI starts fast without it
 
     recipe, overrides = _split_recipe(recipe, overrides)
     if resume is not None and resume != "auto" and not Path(resume).exists():
@@ -97,7 +97,7 @@ def train(
             sys.stderr.flush()
             os._exit(2)  # no interpreter teardown, as below
         raise
-    from trainforge.distributed.env import detect  # heavy (torch): the CLI starts fast without it
+    from trainforge.engine.env import detect  # heavy (torch): the CLI starts fast without it
 
     if detect()[2] > 1:  # a worker of a launched group: the launcher reports
         # The run is saved and the process group destroyed; skip interpreter teardown, where gloo's worker
@@ -367,7 +367,7 @@ def plan(
     cfg = load_config(recipe, overrides)
     cat = load_catalog(catalog)
     if calibrate_:
-        from trainforge.planning.calibrate import calibrate  # heavy (torch): the CLI starts fast without it
+        from trainforge.training.calibrate import calibrate  # heavy (torch): the CLI starts fast without it
 
         entry = calibrate(cfg, catalog=cat)
         if as_json:

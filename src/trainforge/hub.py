@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 from urllib.parse import urlsplit
 
-from trainforge.data.roots import local_path
+from trainforge.confine import local_path
 from trainforge.errors import UserError
 
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import trainforge
-from trainforge.training.checkpoint import find_resume_checkpoint
+from trainforge.engine.checkpoint import find_resume_checkpoint
 
 SRC = Path(trainforge.__file__).resolve().parents[1]  # the tree under test, for the CLI subprocesses
 HERE = Path(__file__).parent

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainforge.distributed.env import DistEnv, detect, resolve_strategy
+from trainforge.engine.env import DistEnv, detect, resolve_strategy
 from trainforge.errors import UserError
 
 VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "MASTER_ADDR",
@@ -46,7 +46,7 @@ def test_strategy_resolution():
 
 
 def test_a_torchrun_worker_is_a_launched_worker_even_alone(clean_env):
-    from trainforge.distributed.env import launched_worker
+    from trainforge.engine.env import launched_worker
 
     assert not launched_worker()
     clean_env.setenv("RANK", "0")

@@ -13,9 +13,9 @@ from tiny_models import corpus, save_tiny_bert, save_tiny_llama, write_labelled_
 
 import trainforge
 from trainforge.data import build_data
-from trainforge.distributed.parallelize import find_blocks
+from trainforge.engine.parallelize import find_blocks
 from trainforge.models import build_model
-from trainforge.training.metrics import read_metrics
+from trainforge.engine.metrics import read_metrics
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from trainforge.cli import main
 from trainforge.config import load_config
-from trainforge.distributed.launch import USER_ERROR_FILE, check_run, node_counts
+from trainforge.launch.torchrun import USER_ERROR_FILE, check_run, node_counts
 from trainforge.errors import UserError
 
 HERE = str(Path(__file__).resolve().parent)

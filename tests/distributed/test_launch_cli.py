@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from trainforge.cli import main
-from trainforge.distributed.launch import torchrun_args
+from trainforge.launch.torchrun import torchrun_args
 from trainforge.errors import UserError
 
 

@@ -11,7 +11,7 @@ import yaml
 from test_manifests import FAKE_SCONTROL, FAKE_SRUN, _fake_bin
 
 from trainforge.config import load_config
-from trainforge.distributed.manifests import Pretrained, launch_text, pretrained_sources
+from trainforge.launch.manifests import Pretrained, launch_text, pretrained_sources
 
 
 def quietly(*args, **options) -> str:

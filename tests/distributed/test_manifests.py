@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from trainforge.config import load_config
-from trainforge.distributed.manifests import LAUNCHERS, JobSpec, k8s_name, launch_text, render
+from trainforge.launch.manifests import LAUNCHERS, JobSpec, k8s_name, launch_text, render
 from trainforge.errors import UnknownNameError, UserError
 
 # a value that breaks any unquoted heredoc or careless quoting: $VAR, `cmd`, $(cmd), quotes, backslashes

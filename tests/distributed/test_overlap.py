@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainforge.distributed.data_parallel import OverlappedAllReduce
-from trainforge.distributed.env import DistEnv
+from trainforge.engine.data_parallel import OverlappedAllReduce
+from trainforge.engine.env import DistEnv
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "ddp_overlap.py"
 

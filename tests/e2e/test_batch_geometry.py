@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import trainforge
-from trainforge.training.metrics import read_metrics
+from trainforge.engine.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["train.max_steps=2", "train.eval_every_steps=2", "train.log_every_steps=1", "train.device=cpu",

@@ -13,7 +13,7 @@ import trainforge
 from trainforge.data import build_data
 from trainforge.models import build_model
 from trainforge.training.generate import generate
-from trainforge.training.losses import task_loss
+from trainforge.engine.losses import task_loss
 
 # the tokenizer's own template: a role line, the content, end-of-text closing each turn
 TEMPLATE = ("{% for m in messages %}{{ m['role'] + '\n' + m['content'] }}{{ eos_token }}{% endfor %}"

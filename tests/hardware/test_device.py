@@ -6,7 +6,7 @@ import torch
 
 from trainforge.errors import UserError
 from trainforge.hardware import device as dev
-from trainforge.training.precision import autocast, make_scaler, resolve_precision
+from trainforge.engine.precision import autocast, make_scaler, resolve_precision
 
 HAS_CUDA = torch.cuda.is_available()
 

@@ -104,12 +104,12 @@ def test_the_weights_floor_never_exceeds_the_simulated_peak(recipe, overrides, n
     import torch
 
     from trainforge.data import build_data
-    from trainforge.distributed.env import DistEnv, resolve_strategy
+    from trainforge.engine.env import DistEnv, resolve_strategy
     from trainforge.models import build_model
     from trainforge.planning.memory import sim_key
     from trainforge.planning.plan import Planner, quantize_kind, weights_floor_bytes
-    from trainforge.training.optim import freeze
-    from trainforge.training.precision import resolve_precision
+    from trainforge.engine.optim import freeze
+    from trainforge.engine.precision import resolve_precision
 
     cfg = load_submission(recipe, None, ["train.max_steps=10", *overrides])
     info = build_data(cfg.data, seed=cfg.seed, fit_stats=False).info

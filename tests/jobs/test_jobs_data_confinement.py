@@ -147,7 +147,7 @@ def fenced_read(service, job, *, check: bool, fence: bool) -> dict:
     `fence`) inside its fence; without `check`, every data-root check of trainforge is switched off first."""
     paths = service.paths(job.id)
     code = ("import json, sys\n"
-            "import trainforge.data.roots as roots\n"
+            "import trainforge.confine as roots\n"
             + ("" if check else "roots.check_read = lambda path, field, top=None: path\n"
                                 "roots.check_found = lambda files, top, field: None\n"
                                 "roots.confine = lambda value, field, roots: __import__('pathlib').Path(value)\n") +

@@ -19,8 +19,8 @@ with warnings.catch_warnings():  # starlette's note about its httpx-based TestCl
 import trainforge.cli
 import trainforge.console
 from jobs_helpers import QUICK, LiveServer, make_service
-from trainforge.data.roots import ENV as ROOTS_ENV
-from trainforge.data.roots import confine, local_path
+from trainforge.confine import ENV as ROOTS_ENV
+from trainforge.confine import confine, local_path
 from trainforge.errors import UserError
 from trainforge.jobs.server import create_app
 from trainforge.jobs.serverlog import log_to

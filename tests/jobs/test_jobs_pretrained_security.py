@@ -305,7 +305,7 @@ def test_a_job_checks_the_folder_again_when_it_loads_it(data_root, bert, alice, 
 
     from transformers import AutoConfig
 
-    from trainforge.data.roots import ENV, roots_env
+    from trainforge.confine import ENV, roots_env
     from trainforge.hub import from_hub
 
     folder = data_root / "bert"

@@ -18,7 +18,7 @@ with warnings.catch_warnings():  # starlette's note about its httpx-based TestCl
     from fastapi.testclient import TestClient
 
 from jobs_helpers import QUICK, LiveServer, make_service, stop_all_jobs, trainer_pid, wait_for
-from trainforge.data.roots import ENV as ROOTS_ENV
+from trainforge.confine import ENV as ROOTS_ENV
 from trainforge.errors import UserError
 from trainforge.jobs import service as service_module
 from trainforge.jobs.server import SECURITY_HEADERS, create_app, is_loopback

@@ -144,6 +144,6 @@ def test_ema_averages_the_adapters_alone(files, tmp_path):
     saved = load_file(str(result.run_dir / "final" / "model.safetensors"))
     assert saved and all(".lora_A." in k or ".lora_B." in k for k in saved)
     model = load_trained(result.run_dir).build_model()
-    from trainforge.training.ema import EMA
+    from trainforge.engine.ema import EMA
 
     assert set(EMA(model, 0.9).shadow) == set(saved)

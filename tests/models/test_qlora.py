@@ -19,7 +19,7 @@ from trainforge.models import build_model
 from trainforge.models.lora import weights_sha256
 from trainforge.models.quantize_base import (base_bytes_per_param, is_quantized, quantize_base, quantized_bytes)
 from trainforge.training.artifacts import load_trained
-from trainforge.training.checkpoint import load_model_weights
+from trainforge.engine.checkpoint import load_model_weights
 from trainforge.training.loop import FitHooks
 
 from test_lora import LORA, files  # noqa: F401  (the module's tiny Llama and corpus: the same as LoRA's tests)

@@ -10,7 +10,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
-from trainforge.distributed.parallelize import apply_activation_checkpointing
+from trainforge.engine.parallelize import apply_activation_checkpointing
 from trainforge.models import build_model
 from trainforge.planning.flops import count_flops, transformer_flops_per_token
 from trainforge.planning.simulate import step_flops_per_sample

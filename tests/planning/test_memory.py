@@ -11,8 +11,8 @@ from trainforge.models import build_model
 from trainforge.planning.memory import LinearPeak, SimCache, SimKey, fit_linear
 from trainforge.planning.plan import MemoryRule, ModelFacts, fit_memory
 from trainforge.planning.simulate import PeakMemTracker, simulate_step
-from trainforge.training.losses import task_loss
-from trainforge.training.optim import build_optimizer
+from trainforge.engine.losses import task_loss
+from trainforge.engine.optim import build_optimizer
 
 ADAMW = OptimConfig(name="adamw", weight_decay=0.1)
 VOCAB_4K = DataInfo("lm", "text", (64,), "int64", 4096, vocab_size=4096, seq_len=64)

@@ -141,7 +141,7 @@ def test_plan_cli_bad_input(args, message, capsys):
 
 def test_auto_micro_batch_picks_the_largest_that_fits_the_budget(tmp_path):
     from trainforge.data import build_data
-    from trainforge.distributed.env import DistEnv
+    from trainforge.engine.env import DistEnv
     from trainforge.planning.memory import SimKey
     from trainforge.planning.plan import Planner
     from trainforge.training.setup import DataFacts, resolve

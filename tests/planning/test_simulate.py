@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.data.base import DataInfo
-from trainforge.distributed.parallelize import apply_activation_checkpointing, find_blocks
+from trainforge.engine.parallelize import apply_activation_checkpointing, find_blocks
 from trainforge.errors import UserError
 from trainforge.models import build_model
 from trainforge.planning.fake_model import build_fake_model

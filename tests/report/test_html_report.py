@@ -13,7 +13,7 @@ import pytest
 from trainforge.errors import UserError
 from trainforge.report import write_report
 from trainforge.metrics_file import json_safe
-from trainforge.training.metrics import MetricsLog, classification_metrics
+from trainforge.engine.metrics import MetricsLog, classification_metrics
 
 CLASS_NAMES = ["cat", "<b>", "fox"]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainforge.errors import UserError
-from trainforge.training.checkpoint import (
+from trainforge.engine.checkpoint import (
     complete_checkpoints,
     find_resume_checkpoint,
     load_checkpoint,

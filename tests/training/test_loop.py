@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 import trainforge
 from trainforge.errors import JobFailed, UserError
-from trainforge.training.checkpoint import find_resume_checkpoint, verify_checkpoint
-from trainforge.training.metrics import read_metrics
+from trainforge.engine.checkpoint import find_resume_checkpoint, verify_checkpoint
+from trainforge.engine.metrics import read_metrics
 
 TINY = [
     "data.source=digits",

@@ -9,7 +9,7 @@ from torch import nn
 import trainforge
 from trainforge.models import build_model
 from trainforge.training.loop import FitHooks
-from trainforge.training.losses import task_loss
+from trainforge.engine.losses import task_loss
 
 QUICK = ["train.max_steps=12", "train.eval_every_steps=4", "log.progress=false", "log.tensorboard=false",
          "train.early_stopping=null"]

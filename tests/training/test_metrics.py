@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from trainforge.errors import UserError
-from trainforge.training.metrics import (
+from trainforge.engine.metrics import (
     MetricsLog,
     classification_metrics,
     json_safe,

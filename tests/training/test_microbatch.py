@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from trainforge.errors import JobFailed, UserError
-from trainforge.training.microbatch import batch_geometry, per_rank_batch, shrink_micro_batch
+from trainforge.engine.microbatch import batch_geometry, per_rank_batch, shrink_micro_batch
 
 
 @pytest.mark.parametrize("global_batch, micro, world, expected", [

@@ -7,7 +7,7 @@ from torch import nn
 
 from trainforge.config import OptimConfig
 from trainforge.errors import UnknownNameError, UserError
-from trainforge.training.optim import OPTIMIZERS, build_optimizer, freeze, layer_ids, param_groups, set_lr
+from trainforge.engine.optim import OPTIMIZERS, build_optimizer, freeze, layer_ids, param_groups, set_lr
 
 
 class Toy(nn.Module):

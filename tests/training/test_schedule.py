@@ -7,7 +7,7 @@ import pytest
 
 from trainforge.config import ScheduleConfig
 from trainforge.errors import UnknownNameError
-from trainforge.training.schedule import SCHEDULES, lr_at
+from trainforge.engine.schedule import SCHEDULES, lr_at
 
 
 @pytest.mark.parametrize("name", SCHEDULES.names())

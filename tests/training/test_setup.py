@@ -8,17 +8,17 @@ import torch
 
 import trainforge
 from trainforge.data import build_data
-from trainforge.distributed.env import DistEnv
+from trainforge.engine.env import DistEnv
 from trainforge.errors import JobFailed, UserError
 from trainforge.planning.auto import MemoryBudget
 from trainforge.planning.memory import SAFETY_MARGIN
 from trainforge.training import loop, run
 from trainforge.training.setup import DataFacts, OOMNote, resolve
 from trainforge.training.state import RunFacts, TrainState
-from trainforge.training.early_stop import EarlyStopper
-from trainforge.training.ema import EMA
-from trainforge.training.precision import make_scaler
-from trainforge.training.rng import get_rng_state
+from trainforge.engine.early_stop import EarlyStopper
+from trainforge.engine.ema import EMA
+from trainforge.engine.precision import make_scaler
+from trainforge.engine.rng import get_rng_state
 
 from test_loop import tiny
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from trainforge.training.early_stop import EarlyStopper
-from trainforge.training.ema import EMA
+from trainforge.engine.early_stop import EarlyStopper
+from trainforge.engine.ema import EMA
 from trainforge.training.loop import grad_norm_and_clip
-from trainforge.training.losses import task_loss
+from trainforge.engine.losses import task_loss
 
 
 def test_label_smoothing_matches_its_definition():

@@ -10,7 +10,7 @@ import yaml
 from test_tune_runs import load_trials, tune_cli
 from tiny_models import corpus, save_tiny_bert, write_labelled_texts
 
-from trainforge.training.metrics import read_metrics
+from trainforge.engine.metrics import read_metrics
 
 SPACE = """\
 optim.lr: {type: float, low: 1.0e-4, high: 1.0e-2, log: true}

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainforge.training.losses import task_loss
+from trainforge.engine.losses import task_loss
 
 
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, y: torch.Tensor, *, task: str,

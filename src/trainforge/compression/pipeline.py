@@ -42,7 +42,7 @@ from trainforge.data import build_data
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
 from trainforge.report import write_report
-from trainforge.tracking import sync_run_dir
+from trainforge.tracking import sync_run_dir, tracked
 from trainforge.training.api import train
 from trainforge.training.artifacts import load_trained
 from trainforge.training.loop import FitHooks
@@ -281,7 +281,7 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
                                  temperature=options.temperature, alpha=options.alpha)
     log(f"fine-tuning the pruned model for {options.finetune_epochs} epoch(s){' with distillation' if loss else ''} in {run_dir}")
     skeleton = result.model
-    hooks = FitHooks(build_model=lambda info: copy.deepcopy(skeleton), loss=loss)
+    hooks = tracked(FitHooks(build_model=lambda info: copy.deepcopy(skeleton), loss=loss))  # log.mlflow as any run
     # pruning is deterministic, so a rerun rebuilds the same skeleton and continues from the last checkpoint
     trained = train(ft_cfg, run_dir=run_dir, hooks=hooks, resume="auto" if run_dir.exists() else None)
     model = load_trained(run_dir).build_model()  # the pruned architecture, resized to its weights

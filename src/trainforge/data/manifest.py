@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 
 from PIL import Image
 
-from trainforge.data.roots import check_found, check_read
+from trainforge.confine import check_found, check_read
 from trainforge.files import shared_homes, trainforge_home, write_text_atomic
 
 FORMAT = "trainforge-imagefolder-manifest"

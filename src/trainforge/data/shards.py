@@ -45,7 +45,7 @@ import numpy as np
 from filelock import FileLock, Timeout
 from tokenizers import Tokenizer
 
-from trainforge.data.roots import check_read
+from trainforge.confine import check_read
 from trainforge.data.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
 from trainforge.files import fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic

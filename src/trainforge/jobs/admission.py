@@ -41,8 +41,8 @@ import torch
 from trainforge.data import build_data
 from trainforge.data.loader import epoch_samples
 from trainforge.data.base import DataBundle
-from trainforge.data.roots import confine, named_paths
-from trainforge.distributed.env import DistEnv
+from trainforge.confine import confine, named_paths
+from trainforge.engine.env import DistEnv
 from trainforge.errors import UserError, public_message, quote
 from trainforge.jobs.environment import ALLOW_FLAG, uri_allowed
 from trainforge.jobs.pretrained import confine_pretrained
@@ -52,7 +52,7 @@ from trainforge.models import build_model, is_convolutional
 from trainforge.planning.auto import MemoryBudget
 from trainforge.planning.plan import quantize_kind, weights_floor_bytes
 from trainforge.training.api import check_names
-from trainforge.training.optim import freeze
+from trainforge.engine.optim import freeze
 from trainforge.training.setup import DataFacts, RunSetup, resolve
 
 

@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainforge.console import err, out, print_json
-from trainforge.data.roots import parse_roots
+from trainforge.confine import parse_roots
 from trainforge.errors import UserError, printable
 from trainforge.jobs import sandbox as fence
 from trainforge.jobs.environment import check_env_names, parse_tracking_allow

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from trainforge.config import Config
-from trainforge.data.roots import confine, confine_tree
+from trainforge.confine import confine, confine_tree
 from trainforge.errors import UserError, quote
 
 HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"  # huggingface_hub's rule, ASCII only

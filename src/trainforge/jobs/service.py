@@ -47,8 +47,8 @@ import yaml
 from trainforge.errors import UserError
 from trainforge.files import SHARED_HOME_ENV, write_text_atomic
 from trainforge.jobs import runner
-from trainforge.data.roots import ENV as ROOTS_ENV
-from trainforge.data.roots import roots_env
+from trainforge.confine import ENV as ROOTS_ENV
+from trainforge.confine import roots_env
 from trainforge.jobs import sandbox
 from trainforge.jobs.environment import inherited_env, model_caches, tracking_secrets, uri_allowed
 from trainforge.jobs.pretrained import hub_env

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from trainforge.config import config_from_yaml_text
-from trainforge.data.roots import ENV as ROOTS_ENV
-from trainforge.data.roots import roots_env
+from trainforge.confine import ENV as ROOTS_ENV
+from trainforge.confine import roots_env
 from trainforge.errors import UserError
 from trainforge.files import HOME_ENV
 from trainforge.jobs import sandbox

@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from trainforge.data.base import DataInfo
-from trainforge.data.roots import local_path
+from trainforge.confine import local_path
 from trainforge.errors import UserError
 from trainforge.models import args as check
 from trainforge.models.base import InputSpec, materializing

@@ -22,7 +22,7 @@ from typing import Optional, Union
 from torch import nn
 
 from trainforge.data.base import DataInfo
-from trainforge.data.roots import local_path
+from trainforge.confine import local_path
 from trainforge.errors import UserError
 from trainforge.hub import hub_offline, why_not_hub
 from trainforge.models.base import InputSpec, materializing

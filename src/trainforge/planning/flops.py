@@ -20,9 +20,9 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from trainforge.distributed.parallelize import observe_recompute
-from trainforge.training.losses import task_loss
-from trainforge.training.precision import autocast
+from trainforge.engine.parallelize import observe_recompute
+from trainforge.engine.losses import task_loss
+from trainforge.engine.precision import autocast
 
 aten = torch.ops.aten
 
@@ -52,7 +52,7 @@ def count_flops(model: nn.Module, example_input: torch.Tensor, *, task: str, pre
     """(model_flops, hardware_flops) of forward + loss + backward on `example_input` (one batch).
 
     Runs the step under `FlopCounterMode`; works on fake tensors. Leaves `.grad` unset afterwards.
-    With activation checkpointing applied (`trainforge.distributed.parallelize`), hardware FLOPs
+    With activation checkpointing applied (`trainforge.engine.parallelize`), hardware FLOPs
     include what backward recomputes (not always the whole forward of a block: torch stops a
     recompute once every saved tensor is back); model FLOPs do not.
     """

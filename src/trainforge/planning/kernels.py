@@ -8,8 +8,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
 from trainforge.planning.fake_model import build_fake_model
-from trainforge.training.losses import task_loss
-from trainforge.training.precision import autocast
+from trainforge.engine.losses import task_loss
+from trainforge.engine.precision import autocast
 
 # Ops that only create views or read metadata launch no kernel.
 _FREE = {"detach", "view", "_unsafe_view", "alias", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",

@@ -32,7 +32,7 @@ from trainforge.config import Config
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import steps_per_epoch
-from trainforge.distributed.parallelize import find_blocks
+from trainforge.engine.parallelize import find_blocks
 from trainforge.errors import UserError
 from trainforge.hardware.catalog import Catalog, GPUSpec, Price, load_catalog
 from trainforge.models import build_model, is_convolutional
@@ -47,9 +47,9 @@ from trainforge.planning.result import Candidate, Plan, Recommendation, StepSimu
 from trainforge.planning.roofline import (Efficiency, StepTime, default_efficiency, dequantize_time_s, run_totals,
                                           step_time)
 from trainforge.planning.simulate import Simulation, simulate_step
-from trainforge.training.microbatch import batch_geometry
-from trainforge.training.optim import freeze
-from trainforge.training.precision import resolve_precision
+from trainforge.engine.microbatch import batch_geometry
+from trainforge.engine.optim import freeze
+from trainforge.engine.precision import resolve_precision
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 HOPPER_OR_NEWER = ("h100", "h200", "b200", "gh200")

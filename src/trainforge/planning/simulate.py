@@ -42,14 +42,14 @@ from torch.distributed.tensor import DTensor
 
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.data.base import DataInfo
-from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
+from trainforge.engine.parallelize import apply_activation_checkpointing, apply_fsdp
 from trainforge.errors import UserError
 from trainforge.models import build_model
 from trainforge.planning.fake_model import build_fake_model
 from trainforge.planning.flops import count_flops
-from trainforge.training.losses import task_loss
-from trainforge.training.optim import build_optimizer, freeze
-from trainforge.training.precision import DTYPES, autocast
+from trainforge.engine.losses import task_loss
+from trainforge.engine.optim import build_optimizer, freeze
+from trainforge.engine.precision import DTYPES, autocast
 
 STRATEGIES = ("none", "ddp", "fsdp")
 

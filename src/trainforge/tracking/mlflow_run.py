@@ -29,7 +29,7 @@ import tempfile
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 from urllib.parse import urlsplit
@@ -37,15 +37,16 @@ from urllib.parse import urlsplit
 import yaml
 
 from trainforge.config import MlflowConfig
-from trainforge.data.roots import confined_roots
+from trainforge.confine import confined_roots
 from trainforge.errors import UserError, quote
 from trainforge.files import write_text_atomic
 from trainforge.metrics_file import read_metrics
 
 STATE_FILE = "mlflow.json"
 ARTIFACTS = ("config.yaml", "data_report.json", "eval.json", "report.html")
-PYFUNC_CODE = Path(__file__).with_name("pyfunc_model.py")  # the MLflow model's code (models from code)
-PYFUNC_ONNX_CODE = Path(__file__).with_name("pyfunc_onnx.py")  # ... and that of the compressed ONNX variant
+# the MLflow models' code (MLflow's "models from code"), each beside what it wraps; named by path, not imported
+PYFUNC_CODE = Path(__file__).parents[1] / "training" / "pyfunc_model.py"  # a run's final model
+PYFUNC_ONNX_CODE = Path(__file__).parents[1] / "compression" / "pyfunc_onnx.py"  # its compressed ONNX variant
 COMPRESS_RECORD = "compress.json"  # what `trainforge compress` writes in <run>/compressed/
 METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
 PARAMS_PER_BATCH = 100
@@ -489,6 +490,27 @@ def follow(run_dir: Path, settings: Optional[MlflowConfig], runs_root: Path) -> 
     finally:
         if not following.stop.is_set():
             following.finish("completed")
+
+
+class MlflowObserver:
+    """log.mlflow as a run's observer (training.loop.RunObserver): MLflow must be installed when the config asks
+    for it, and rank 0 follows the run directory while it trains."""
+
+    def check(self, cfg: Any) -> None:
+        if cfg.log.mlflow is not None:
+            require_mlflow()
+
+    def follow(self, run_dir: Path, cfg: Any) -> contextlib.AbstractContextManager[Optional[Following]]:
+        return follow(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))
+
+
+def tracked(hooks: Any = None) -> Any:
+    """`hooks` (a training.loop.FitHooks, or None) with the MLflow observer added: how the training API, the
+    command line and tune compose tracking with a run (training itself imports no tracking)."""
+    from trainforge.training.loop import FitHooks  # heavy (torch): the tracking commands start without it
+
+    hooks = hooks if hooks is not None else FitHooks()
+    return hooks if hooks.observer is not None else replace(hooks, observer=MlflowObserver())
 
 
 def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from typing import Optional, Union
 
 from trainforge.config import Config, apply_overrides, config_from_dict, config_from_yaml_text, load_config, read_yaml
 from trainforge.console import err
-from trainforge.distributed.env import launched_worker
+from trainforge.engine.env import launched_worker
 from trainforge.errors import UserError
-from trainforge.training.checkpoint import find_resume_checkpoint, load_state
+from trainforge.engine.checkpoint import find_resume_checkpoint, load_state
 from trainforge.training.loop import FitHooks, TrainResult
 from trainforge.training.run import run
 from trainforge.training.rundir import (
@@ -22,8 +22,8 @@ from trainforge.training.rundir import (
 )
 from trainforge.data import SOURCES
 from trainforge.models import MODELS
-from trainforge.training.optim import OPTIMIZERS
-from trainforge.training.schedule import SCHEDULES
+from trainforge.engine.optim import OPTIMIZERS
+from trainforge.engine.schedule import SCHEDULES
 
 ConfigLike = Union[Config, str, Path, None]
 

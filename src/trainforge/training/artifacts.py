@@ -26,7 +26,7 @@ from trainforge.config import Config, config_from_yaml_text
 from trainforge.data.base import DataInfo, Modality, Task
 from trainforge.errors import UserError, quote
 from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
-from trainforge.training.checkpoint import (
+from trainforge.engine.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
     contiguous_state,

@@ -18,9 +18,9 @@ from trainforge.data.loader import make_eval_loader
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained
-from trainforge.training.losses import task_loss
-from trainforge.training.metrics import classification_metrics, lm_metrics
-from trainforge.training.precision import autocast, resolve_precision
+from trainforge.engine.losses import task_loss
+from trainforge.engine.metrics import classification_metrics, lm_metrics
+from trainforge.engine.precision import autocast, resolve_precision
 
 SPLITS = ("train", "val", "test")
 REPORTED = {"classification": ("loss", "accuracy", "macro_f1"), "lm": ("loss", "perplexity")}  # per task

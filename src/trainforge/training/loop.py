@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.loader import TrainBatches, make_eval_loader
 from trainforge.data.summary import runtime_line
 from trainforge.data.tokenizer import save_tokenizer
-from trainforge.distributed.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
+from trainforge.engine.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.errors import JobFailed
 from trainforge.files import write_text_atomic
 from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
@@ -43,39 +43,52 @@ from trainforge.models import build_model
 from trainforge.models.lora import base_reference
 from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
-from trainforge.training.checkpoint import kept_weights, load_model_weights
-from trainforge.training.early_stop import EarlyStopper
-from trainforge.training.ema import EMA
+from trainforge.engine.checkpoint import kept_weights, load_model_weights
+from trainforge.engine.early_stop import EarlyStopper
+from trainforge.engine.ema import EMA
 from trainforge.training.evaluate import evaluate_model
 from trainforge.training.generate import SAMPLES_FILE, answer_prompts, val_prompts
-from trainforge.training.losses import task_loss
-from trainforge.training.metrics import MetricsLog, NullLog, Window, truncate_metrics
-from trainforge.training.optim import build_optimizer, set_lr
-from trainforge.training.precision import autocast, make_scaler
-from trainforge.training.progress import TrainProgress, announce_line
-from trainforge.training.rng import get_rng_state, seed_everything
-from trainforge.training.schedule import lr_at
+from trainforge.engine.losses import task_loss
+from trainforge.engine.metrics import MetricsLog, NullLog, Window, truncate_metrics
+from trainforge.engine.optim import build_optimizer, set_lr
+from trainforge.engine.precision import autocast, make_scaler
+from trainforge.engine.progress import TrainProgress, announce_line
+from trainforge.engine.rng import get_rng_state, seed_everything
+from trainforge.engine.schedule import lr_at
 from trainforge.training.setup import DataFacts, OOMNote, RunSetup, resolve
-from trainforge.training.signals import StopFlag
+from trainforge.engine.signals import StopFlag
 from trainforge.training.state import RunFacts, TrainState
 from trainforge.training.strategy import STRATEGIES, Strategy
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+class RunObserver(Protocol):
+    """Something outside training that watches a run from its directory (tracking's MLflow mirror): composed by
+    the caller at the edge, so training imports none of it."""
+
+    def check(self, cfg: Config) -> None:
+        """Before any work: UserError if this run cannot be observed as its config asks (a missing extra)."""
+
+    def follow(self, run_dir: Path, cfg: Config) -> ContextManager[Any]:
+        """Around the fit, on rank 0: yields None, or an object whose finish(status) ends the observation."""
+
+
 @dataclass
 class FitHooks:
-    """How another stage (tune, compress) steers one run without a second loop.
+    """How another stage (tune, compress, tracking) steers or watches one run without a second loop.
 
     build_model(info) -> nn.Module replaces the registry model (e.g. a pruned network; it must build the
         same architecture on resume). loss(logits, x, y) -> scalar replaces the task loss (e.g. distillation).
     on_eval(step, val_metrics) -> True ends the run after that evaluation with status "pruned" (a tuner's
         pruner); no final model is written then.
+    observer: watches the run from rank 0 (`tracking.tracked(hooks)` adds the MLflow mirror of log.mlflow).
     """
 
     build_model: Optional[Callable[[DataInfo], nn.Module]] = None
     loss: Optional[LossFn] = None
     on_eval: Optional[Callable[[int, dict[str, Any]], bool]] = None
+    observer: Optional[RunObserver] = None
 
 
 @dataclass

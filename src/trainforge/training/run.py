@@ -18,30 +18,29 @@ from trainforge.config import Config
 from trainforge.data import build_data
 from trainforge.data.loader import epoch_samples
 from trainforge.data.summary import summarize
-from trainforge.distributed.data_parallel import broadcast_object, min_over_ranks
-from trainforge.distributed.env import DistEnv, distributed
+from trainforge.engine.data_parallel import broadcast_object, min_over_ranks
+from trainforge.engine.env import DistEnv, distributed
 from trainforge.errors import UserError
 from trainforge.files import write_text_atomic
 from trainforge.models import build_model, is_convolutional
 from trainforge.models.lora import check_base
 from trainforge.planning.auto import MemoryBudget, device_budget
-from trainforge.tracking import follow, require_mlflow
-from trainforge.training.checkpoint import load_state
+from trainforge.engine.checkpoint import load_state
 from trainforge.training.evaluate import check_metric
 from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
-from trainforge.training.microbatch import clear_oom_restart, read_oom_restart
-from trainforge.training.optim import freeze
-from trainforge.training.progress import announce_data, console
-from trainforge.training.rng import determinism, seed_everything
+from trainforge.engine.microbatch import clear_oom_restart, read_oom_restart
+from trainforge.engine.optim import freeze
+from trainforge.engine.progress import announce_data, console
+from trainforge.engine.rng import determinism, seed_everything
 from trainforge.training.setup import DataFacts, OOMNote, resolve
-from trainforge.training.signals import stop_on_signals
+from trainforge.engine.signals import stop_on_signals
 
 
 def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
     hooks = hooks or FitHooks()
     tc, run_dir = cfg.train, Path(run_dir)
-    if cfg.log.mlflow is not None:  # an optional extra: said before any work
-        require_mlflow()
+    if hooks.observer is not None:  # e.g. MLflow, an optional extra: said before any work
+        hooks.observer.check(cfg)
     with contextlib.ExitStack() as stack:
         env, device = stack.enter_context(distributed(tc.device))
         stack.enter_context(determinism(tc.deterministic, tc.num_threads, device))
@@ -76,8 +75,10 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
             write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
         inputs = RunInputs(cfg, run_dir, data, model, facts, stop, resume_from, summary.counts)
-        # rank 0 mirrors the run directory into MLflow (log.mlflow) from a thread; the loop knows nothing of it
-        following = stack.enter_context(follow(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))) if env.is_main else None
+        # rank 0's observer (the caller's: tracking mirrors the run directory into MLflow from a thread); the loop
+        # knows nothing of it
+        watching = hooks.observer is not None and env.is_main
+        following = stack.enter_context(hooks.observer.follow(run_dir, cfg)) if watching else None
         result = fit(setup, inputs, hooks)
         if following is not None:
             following.finish(result.status)

@@ -7,7 +7,7 @@ from typing import Optional
 
 from trainforge.errors import UserError
 from trainforge.files import check_writable  # noqa: F401  (training.api imports it from here)
-from trainforge.training.checkpoint import find_resume_checkpoint
+from trainforge.engine.checkpoint import find_resume_checkpoint
 
 CHECKPOINTS = "checkpoints"
 

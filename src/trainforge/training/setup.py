@@ -30,14 +30,14 @@ import torch
 from trainforge.config import Config
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import resolve_num_workers, steps_per_epoch
-from trainforge.distributed.env import DistEnv, resolve_strategy
+from trainforge.engine.env import DistEnv, resolve_strategy
 from trainforge.hardware.device import supports_bf16
 from trainforge.planning.auto import (MemoryBudget, auto_micro_batch, device_budget, memory_factor, memory_terms,
                                       predicted_peak_bytes)
 from trainforge.planning.memory import sim_key
 from trainforge.planning.plan import Planner
-from trainforge.training.microbatch import batch_geometry, largest_divisor_at_most, per_rank_batch, shrink_micro_batch
-from trainforge.training.precision import resolve_precision
+from trainforge.engine.microbatch import batch_geometry, largest_divisor_at_most, per_rank_batch, shrink_micro_batch
+from trainforge.engine.precision import resolve_precision
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from trainforge.training.early_stop import EarlyStopper
-from trainforge.training.ema import EMA
-from trainforge.training.rng import set_rng_state
+from trainforge.engine.early_stop import EarlyStopper
+from trainforge.engine.ema import EMA
+from trainforge.engine.rng import set_rng_state
 from trainforge.training.setup import RunSetup
 
 

@@ -44,12 +44,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trainforge.distributed.data_parallel import OverlappedAllReduce, barrier, broadcast_state
-from trainforge.distributed.env import DistEnv
-from trainforge.distributed.parallelize import apply_activation_checkpointing, apply_fsdp
+from trainforge.engine.data_parallel import OverlappedAllReduce, barrier, broadcast_state
+from trainforge.engine.env import DistEnv
+from trainforge.engine.parallelize import apply_activation_checkpointing, apply_fsdp
 from trainforge.registry import Registry
 from trainforge.models.lora import adapter_names
-from trainforge.training.checkpoint import (
+from trainforge.engine.checkpoint import (
     is_sharded,
     kept_weights,
     load_checkpoint,
@@ -60,8 +60,8 @@ from trainforge.training.checkpoint import (
     save_sharded_checkpoint,
     STATE_FILE,
 )
-from trainforge.training.microbatch import request_oom_restart
-from trainforge.training.precision import DTYPES
+from trainforge.engine.microbatch import request_oom_restart
+from trainforge.engine.precision import DTYPES
 from trainforge.training.setup import RunSetup
 
 WHOLE = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 import optuna
 
 from trainforge.config import apply_overrides, config_from_dict
+from trainforge.tracking import tracked
 from trainforge.training.api import train
 from trainforge.training.loop import FitHooks
 from trainforge.tuning.space import Param, apply_params, suggest
@@ -68,7 +69,7 @@ def run_trial(trial: Any, job: TrialJob, on_start: Optional[Callable[[int], None
         params = suggest(trial, job.space)
         raw = apply_overrides(apply_params(job.base_config, {}), job.worker_overrides)
         cfg = config_from_dict(apply_params(raw, params))
-        result = train(cfg, run_dir=run_dir, hooks=FitHooks(on_eval=on_eval))
+        result = train(cfg, run_dir=run_dir, hooks=tracked(FitHooks(on_eval=on_eval)))
     except KeyboardInterrupt:
         trial.set_user_attr("fail_reason", f"{INTERRUPTED} stopped by the user")
         raise

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trainforge.config import DataConfig
 from trainforge.data.base import DataBundle
 from trainforge.data.pool import Pool
-from trainforge.data.roots import confine, confined_roots
+from trainforge.confine import confine, confined_roots
 from trainforge.errors import UserError, quote
 from trainforge.registry import Registry
 

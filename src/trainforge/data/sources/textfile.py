@@ -18,7 +18,7 @@ from pydantic import Field
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool, TextCorpus
-from trainforge.data.roots import check_found
+from trainforge.confine import check_found
 from trainforge.data.shards import TextFiles, TokenShards
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError

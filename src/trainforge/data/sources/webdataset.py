@@ -27,7 +27,7 @@ from trainforge.data.image_preprocess import ImagePreprocess
 from trainforge.data.imageio import read_image, read_model_image
 from trainforge.data.manifest import FailureLog, manifest_dir
 from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
-from trainforge.data.roots import check_found
+from trainforge.confine import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.tar_shards import INDEX, SPLITS, TarShards
 from trainforge.errors import UserError

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from trainforge.errors import JobFailed, UserError
-from trainforge.training.microbatch import batch_geometry, per_rank_batch
+from trainforge.engine.microbatch import batch_geometry, per_rank_batch
 
 if TYPE_CHECKING:
     from trainforge.config import Config
@@ -60,7 +60,7 @@ def check_run(cfg: Config, *, nproc_per_node: int, nnodes: str) -> None:
     import torch
 
     from trainforge.data import build_data
-    from trainforge.distributed.env import DistEnv, resolve_strategy
+    from trainforge.engine.env import DistEnv, resolve_strategy
     from trainforge.models import build_model
     from trainforge.training.evaluate import check_metric
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainforge.training.checkpoint import kept_weights
+from trainforge.engine.checkpoint import kept_weights
 
 
 class EMA:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainforge.distributed.env import DistEnv
+from trainforge.engine.env import DistEnv
 
 
 

@@ -1,1 +1,0 @@
-"""Multi-device wrappers applied to a zoo model from outside: activation checkpointing, FSDP2."""
