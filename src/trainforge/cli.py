@@ -38,6 +38,7 @@ from trainforge.planning.render import render_calibration, render_plan
 from trainforge.report.commands import register as register_report
 from trainforge.tracking.commands import register as register_runs
 from trainforge.tuning.commands import register as register_tune
+from trainforge.layout import EVAL
 
 app = typer.Typer(
     add_completion=False,
@@ -81,9 +82,9 @@ def train(
     if nproc_per_node is not None or nnodes != "1" or rdzv_endpoint:
         rd = launch_run(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
                     nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
-        done = (rd / "eval.json").exists()
+        done = (rd / EVAL).exists()
         doc = {"run_dir": str(rd), "status": "completed" if done else "interrupted",
-               "eval": json.loads((rd / "eval.json").read_text()) if done else {}}
+               "eval": json.loads((rd / EVAL).read_text()) if done else {}}
         if as_json:
             print_json(doc)
         else:

@@ -656,6 +656,6 @@ def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[lis
     return config_from_dict(raw)
 
 
-def config_from_yaml_text(text: str, source: str = "config_yaml") -> Config:
+def config_from_yaml_text(text: str, source: str = "the stored config") -> Config:
     """Rebuild a config stored in a checkpoint or run directory."""
     return config_from_dict(parse_yaml_mapping(text, source, allow_empty=True))

@@ -1,7 +1,7 @@
 """Writing files so that a crash at any instant leaves the old content or the new, never a torn file.
 
-    write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
-    write_json_atomic(run_dir / "eval.json", result, indent=1)
+    write_text_atomic(run.config, cfg.to_yaml())            # run = layout.RunDir(run_dir)
+    write_json_atomic(run.eval, result, indent=1)
     write_text_atomic(state_dir / "recipe.yaml", text, mode=0o600)   # private from the first byte
     check_writable(out_dir, "--out")  # before any work: UserError if out_dir could not be created or written
 

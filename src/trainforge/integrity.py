@@ -18,8 +18,9 @@ from typing import Any, Iterable, Optional
 
 from trainforge.errors import UserError
 from trainforge.files import fsync_file, write_json_atomic
+from trainforge.layout import MANIFEST
 
-MANIFEST_FILE = "manifest.json"
+MANIFEST_FILE = MANIFEST
 HASH_BLOCK_BYTES = 1 << 20
 NO_VERIFY = "pass --no-verify to skip the SHA-256 check"
 

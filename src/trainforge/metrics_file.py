@@ -1,6 +1,6 @@
 """The metrics.jsonl format, read and made strict-JSON safe: standard library only, below `training`.
 
-    rows = read_metrics(run_dir / "metrics.jsonl")      # the report, calibration, tests
+    rows = read_metrics(RunDir(run_dir).metrics)   # the report, calibration, tests (layout.RunDir)
     steps, values = metric_series(rows, "val", "accuracy")   # one metric's curve (the report, runs list/compare)
     json.dumps(json_safe(doc), allow_nan=False)        # every JSON file a run writes; `--json` output
 

@@ -39,7 +39,7 @@ def _recipe(tmp_path: Path) -> Path:
 
 def _spec(**options) -> JobSpec:
     options.setdefault("name", "demo")
-    options.setdefault("config_yaml", "name: demo\ntrain:\n  epochs: 1\n")
+    options.setdefault("recipe_text", "name: demo\ntrain:\n  epochs: 1\n")
     return JobSpec(**options)
 
 
@@ -301,7 +301,7 @@ def test_skypilot_refuses_an_elastic_range():
 @pytest.mark.parametrize("target", LAUNCHERS.names())
 def test_every_target_embeds_recipe_and_resumes(target):
     assert set(LAUNCHERS.names()) == {"slurm", "k8s", "skypilot"}
-    text = render(target, _spec(config_yaml="name: demo\nseed: 12345\n"))
+    text = render(target, _spec(recipe_text="name: demo\nseed: 12345\n"))
     assert "seed: 12345" in text
     assert "--resume" in text and "auto" in text
 

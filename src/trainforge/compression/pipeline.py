@@ -46,6 +46,7 @@ from trainforge.tracking import sync_run_dir, tracked
 from trainforge.training.api import train
 from trainforge.training.artifacts import load_trained
 from trainforge.training.loop import FitHooks
+from trainforge.layout import COMPRESSED, COMPRESS_RECORD, CONFIG, METRICS
 
 QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
 EXPORTS = ("onnx",)
@@ -118,7 +119,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     options.check()
     trained = load_trained(Path(checkpoint), verify=options.verify)
     run_dir = owning_run_dir(trained.source)
-    out_dir = Path(out) if out else (run_dir or trained.source) / "compressed"
+    out_dir = Path(out) if out else (run_dir or trained.source) / COMPRESSED
     continuing = check_out_dir(out_dir)
     if continuing:
         log(f"continuing the unfinished compression in {out_dir}")
@@ -192,11 +193,11 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         "recommendation": {"variant": choice.name, "file": FILE_NAMES[choice.name], "reason": choice.reason,
                            "accuracy_tolerance_pt": options.accuracy_tolerance_pt},
     }
-    (out_dir / "compress.json").write_text(json.dumps(doc, indent=1))
+    (out_dir / COMPRESS_RECORD).write_text(json.dumps(doc, indent=1))
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included
     if run_dir is not None:
         doc["report"] = str(write_report(run_dir, extra_sections=[("Compression", report_section(doc))]))
-        if cfg.log.mlflow is not None and out_dir.resolve() == (run_dir / "compressed").resolve():
+        if cfg.log.mlflow is not None and out_dir.resolve() == (run_dir / COMPRESSED).resolve():
             doc["mlflow"] = upload_to_tracker(run_dir, cfg, log)
     return doc
 
@@ -301,7 +302,7 @@ def check_out_dir(out_dir: Path) -> bool:
         return False
     if not out_dir.is_dir():
         raise UserError(f"--out: {out_dir} is a file; pass a directory")
-    if (out_dir / "compress.json").exists():
+    if (out_dir / COMPRESS_RECORD).exists():
         raise UserError(f"--out: {out_dir} holds a finished compression (compress.json); choose another --out or remove it")
     own = set(FILE_NAMES.values()) | {"finetune", "torchao-int8.pt", "torchao-float8.pt"}
     foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in own and not p.name.endswith(TEMP_SUFFIXES))
@@ -313,6 +314,6 @@ def check_out_dir(out_dir: Path) -> bool:
 def owning_run_dir(source: Path) -> Optional[Path]:
     """The run directory a final/ or checkpoint belongs to (the one with config.yaml and metrics.jsonl)."""
     for candidate in (source, *source.parents[:3]):
-        if (candidate / "metrics.jsonl").is_file() and (candidate / "config.yaml").is_file():
+        if (candidate / METRICS).is_file() and (candidate / CONFIG).is_file():
             return candidate
     return None

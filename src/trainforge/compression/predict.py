@@ -27,8 +27,9 @@ from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, s
 from trainforge.compression.serving import READERS, STDIN, Sample, require_files, text_lines
 from trainforge.errors import UserError
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
+from trainforge.layout import COMPRESS_RECORD
 
-RECORD_FILE = "compress.json"
+RECORD_FILE = COMPRESS_RECORD
 UNVERIFIABLE = f"{NO_VERIFY}, or re-run `trainforge compress`"
 RESTORE = "restore it from a good copy or re-run `trainforge compress`"
 DTYPES = {"float32": np.float32, "int64": np.int64}

@@ -28,10 +28,9 @@ from trainforge.errors import UserError
 from trainforge.files import fsync_dir, write_text_atomic
 from trainforge.integrity import MANIFEST_FILE, check_files, read_digests, write_manifest
 from trainforge.models.lora import adapter_names
-
-LATEST = "latest"
-MODEL_FILE = "model.safetensors"
-STATE_FILE = "state.pt"
+from trainforge.layout import LATEST, STATE, WEIGHTS
+MODEL_FILE = WEIGHTS
+STATE_FILE = STATE
 OTHER_CHECKPOINT = "resume from another checkpoint"
 
 

@@ -3,10 +3,10 @@
     m = classification_metrics(y_true, y_pred, info.class_names)   # -> eval.json / val rows
     p = lm_metrics(mean_loss_nats)["perplexity"]
 
-    log = MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard")   # None: no TensorBoard
+    log = MetricsLog(run.metrics, run.tensorboard)   # run = layout.RunDir(run_dir); None: no TensorBoard
     log.log({"split": "val", "step": step, "epoch": epoch, "loss": mean_loss, **m_scalars})
     log.close()
-    rows = read_metrics(run_dir / "metrics.jsonl")
+    rows = read_metrics(run.metrics)
 
 Row names are a stable contract (DESIGN.md §1). Train rows: split, step, epoch, loss, lr,
 samples_per_s, step_time_s, data_wait_frac, peak_mem_bytes, grad_norm. Val rows: split, step,

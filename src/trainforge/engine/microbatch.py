@@ -16,6 +16,7 @@ from typing import Optional
 
 from trainforge.errors import JobFailed, UserError
 from trainforge.files import write_text_atomic
+from trainforge.layout import OOM_RESTART
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def shrink_micro_batch(micro_batch_size: int, per_rank: int) -> int:
     return largest_divisor_at_most(per_rank, micro_batch_size // 2)
 
 
-OOM_RESTART_FILE = "oom_restart.json"
+OOM_RESTART_FILE = OOM_RESTART
 
 
 def request_oom_restart(run_dir: Path, micro_batch_size: int, step: int, strategy: str) -> None:

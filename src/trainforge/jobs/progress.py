@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from trainforge.metrics_file import thin
+from trainforge.layout import METRICS
 
 TAIL_BYTES = 65536  # progress needs only the newest rows
 MAX_POINTS = 600  # per series: a chart needs no more
@@ -49,7 +50,7 @@ def eta_s(step: int, total_steps: Optional[int], step_times_s: list[float]) -> O
 
 
 def progress(run_dir: Path, total_steps: Optional[int]) -> dict[str, Any]:
-    rows = _rows(_tail(Path(run_dir) / "metrics.jsonl", TAIL_BYTES))
+    rows = _rows(_tail(Path(run_dir) / METRICS, TAIL_BYTES))
     step = max((int(r["step"]) for r in rows), default=0)
     times = [float(r["step_time_s"]) for r in rows if r.get("split") == "train" and isinstance(r.get("step_time_s"), (int, float))]
     times = times[-STEP_TIME_WINDOW:]
@@ -64,7 +65,7 @@ def progress(run_dir: Path, total_steps: Optional[int]) -> dict[str, Any]:
 def series(run_dir: Path) -> dict[str, list[dict[str, Any]]]:
     """Train and val rows (step + chartable numbers), at most MAX_POINTS each, oldest first."""
     try:
-        text = (Path(run_dir) / "metrics.jsonl").read_text(errors="replace")
+        text = (Path(run_dir) / METRICS).read_text(errors="replace")
     except OSError:
         text = ""
     out: dict[str, list[dict[str, Any]]] = {"train": [], "val": []}

@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 
 from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slots import Slot
+from trainforge.layout import EVAL, FINAL, JOB_EXIT, JOB_LOG, JOB_RECIPE, WEIGHTS
 
 EXIT_BAD_INPUT = 2  # trainforge's exit code for a user error: retrying cannot help
 LOG_HEADER = "[trainforge-jobs]"  # prefix of the lines the server itself writes into a job's log
@@ -38,7 +39,7 @@ class JobPaths:
 
     @property
     def recipe(self) -> Path:
-        return self.job_dir / "job.yaml"
+        return self.job_dir / JOB_RECIPE
 
     @property
     def run_dir(self) -> Path:
@@ -46,11 +47,11 @@ class JobPaths:
 
     @property
     def log(self) -> Path:
-        return self.job_dir / "log.txt"
+        return self.job_dir / JOB_LOG
 
     @property
     def exit_file(self) -> Path:
-        return self.job_dir / "exit.json"
+        return self.job_dir / JOB_EXIT
 
     @property
     def tmp(self) -> Path:
@@ -207,7 +208,7 @@ def read_exit(paths: JobPaths, attempt: int) -> Optional[int]:
 
 def run_complete(run_dir: Path) -> bool:
     """The trainer got to the end: the final model and the test metrics are written."""
-    return (run_dir / "eval.json").is_file() and (run_dir / "final" / "model.safetensors").is_file()
+    return (run_dir / EVAL).is_file() and (run_dir / FINAL / WEIGHTS).is_file()
 
 
 def describe_exit(returncode: Optional[int]) -> str:

@@ -9,7 +9,7 @@ API (JSON; with a token every call needs `Authorization: Bearer <token>`):
     GET  /api/jobs                        [job]               job: {"id", "name", "state", "gpus", "restarts", "run_dir", ...}
     POST /api/jobs                        {"recipe", "recipe_yaml"?, "overrides"?, "gpus"?, "priority"?, "max_restarts"?}
                                           -> 201 job | 400 {"detail": one line} | 503 busy (retry)
-    GET  /api/jobs/{id}                   job + {"config_yaml", "log_path"}
+    GET  /api/jobs/{id}                   job + config_yaml, log_path
     GET  /api/jobs/{id}/logs?offset=N     {"text", "offset", "state"}  (offset < 0: the last -N bytes)
     GET  /api/jobs/{id}/metrics           {"train": [...], "val": [...], "progress"}
     POST /api/jobs/{id}/cancel            job
@@ -54,7 +54,8 @@ from trainforge.jobs.progress import MAX_POINTS, read_log, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
 from trainforge.jobs.store import Job
-from trainforge.report.runs import CONFIG, MAX_COMPARED
+from trainforge.layout import CONFIG
+from trainforge.report.runs import MAX_COMPARED
 
 if TYPE_CHECKING:
     from trainforge.report.compare import Comparison

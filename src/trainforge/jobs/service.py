@@ -46,6 +46,7 @@ import yaml
 
 from trainforge.errors import UserError
 from trainforge.files import SHARED_HOME_ENV, write_text_atomic
+from trainforge.layout import CONFIG_TEXT
 from trainforge.jobs import runner
 from trainforge.confine import ENV as ROOTS_ENV
 from trainforge.confine import roots_env
@@ -167,7 +168,7 @@ class JobService:
             "progress": self._progress(job),
         }
         if detail:
-            doc["config_yaml"] = job.config_yaml
+            doc[CONFIG_TEXT] = job.config_yaml
             doc["log_path"] = job.log_path
         return doc
 

@@ -22,6 +22,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from trainforge.errors import UserError
+from trainforge.layout import JOB_LOG
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -64,7 +65,7 @@ class Job(Base):
 
     @property
     def log_path(self) -> str:
-        return str(Path(self.job_dir) / "log.txt")
+        return str(Path(self.job_dir) / JOB_LOG)
 
 
 def make_engine(url: str) -> Engine:

@@ -1,7 +1,7 @@
 """Job files for existing cluster engines: a Slurm sbatch script, a Kubeflow PyTorchJob, a SkyPilot task.
 
     text = launch_text("slurm", "recipes/gpt2_small_synthetic.yaml", ["train.max_steps=5000"], nodes=4)
-    text = render("k8s", JobSpec(name="gpt2", config_yaml=cfg.to_yaml(), nodes=2))
+    text = render("k8s", JobSpec(name="gpt2", recipe_text=cfg.to_yaml(), nodes=2))
 
 Every job file embeds the resolved recipe, so it runs without the recipe file, and starts
 `trainforge train ... --run-dir DIR --resume auto` on every node through torchrun's elastic c10d
@@ -29,6 +29,7 @@ import yaml
 from trainforge.config import Config, load_config
 from trainforge.errors import UserError
 from trainforge.registry import Registry
+from trainforge.layout import CONFIG
 
 LAUNCHERS: Registry[Callable[["JobSpec"], str]] = Registry("launcher", "launch target")
 
@@ -157,12 +158,15 @@ def _with_comments(text: str, comments: list[str]) -> str:
     return block + text
 
 
+INTERNAL_FIELDS = ("recipe_text", "pretrained")  # JobSpec fields filled from the recipe, not given as options
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """What a cluster job needs besides the recipe. Invalid values raise UserError naming the option."""
 
     name: str  # job name; launch_text uses the recipe's `name`
-    config_yaml: str  # the resolved recipe, embedded verbatim in the job file
+    recipe_text: str  # the resolved recipe, embedded verbatim in the job file
     nodes: int = 1
     min_nodes: Optional[int] = None  # elastic range (torchrun --nnodes MIN:MAX); default: nodes
     max_nodes: Optional[int] = None
@@ -186,7 +190,7 @@ class JobSpec:
     def __post_init__(self) -> None:
         if not self.name.strip():
             _bad("name", "must not be empty")
-        if "\0" in self.config_yaml:
+        if "\0" in self.recipe_text:
             raise UserError("recipe: contains a NUL byte, which no job file can carry; remove it")
         for option in ("nodes", "gpus_per_node", "cpus_per_gpu"):
             if getattr(self, option) < 1:
@@ -258,19 +262,19 @@ def launch_text(target: str, recipe: Optional[str], overrides: list[str], **opti
     `options` are JobSpec fields (nodes=4, gpus_per_node=8, ...); `name` defaults to the recipe's.
     """
     LAUNCHERS.get(target)  # an unknown target fails before the recipe is read
-    fields = {f.name for f in dataclasses.fields(JobSpec)} - {"config_yaml", "pretrained"}
+    fields = {f.name for f in dataclasses.fields(JobSpec) if f.name not in INTERNAL_FIELDS}
     unknown = sorted(set(options) - fields)
     if unknown:
         _bad(unknown[0], f"unknown option; valid: {', '.join('--' + f.replace('_', '-') for f in sorted(fields))}")
     cfg = load_config(recipe, overrides)
     options = {k: v for k, v in options.items() if v is not None}  # None: the option was not given
     options.setdefault("name", cfg.name)
-    return render(target, JobSpec(config_yaml=cfg.to_yaml(), pretrained=tuple(pretrained_sources(cfg)), **options))
+    return render(target, JobSpec(recipe_text=cfg.to_yaml(), pretrained=tuple(pretrained_sources(cfg)), **options))
 
 
 def _config_text(spec: JobSpec) -> str:
     """The recipe as it will land on disk, ending in a newline (a heredoc always writes one)."""
-    text = spec.config_yaml if spec.config_yaml.endswith("\n") else spec.config_yaml + "\n"
+    text = spec.recipe_text if spec.recipe_text.endswith("\n") else spec.recipe_text + "\n"
     if CONFIG_EOF in text.split("\n"):
         raise UserError(f"recipe: a line equal to {CONFIG_EOF} would end the embedded recipe early; change it")
     return text
@@ -470,7 +474,7 @@ def render_k8s(spec: JobSpec) -> str:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": config_map},
-            "data": {"config.yaml": _config_text(spec)},
+            "data": {CONFIG: _config_text(spec)},
         },
         {
             "apiVersion": "kubeflow.org/v1",

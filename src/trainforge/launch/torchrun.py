@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from trainforge.errors import JobFailed, UserError
 from trainforge.engine.microbatch import batch_geometry, per_rank_batch
+from trainforge.layout import CHECKPOINTS, LATEST, USER_ERROR
 
 if TYPE_CHECKING:
     from trainforge.config import Config
 
-USER_ERROR_FILE = ".user_error"  # in the run directory: a worker's one-line error, for every node's launcher
+USER_ERROR_FILE = USER_ERROR  # in the run directory: a worker's one-line error, for every node's launcher
 USER_ERROR_ENV = "TRAINFORGE_USER_ERROR_FILE"  # where a launched worker writes it
 USER_ERROR_EXIT = 2
 
@@ -156,7 +157,7 @@ def launch(
         with _environment(env), _user_errors_are_final(error_file):
             torchrun(args)
     except SignalException as e:  # preemption: the workers checkpointed together and exited
-        if not (rd / "checkpoints" / "latest").exists():
+        if not (rd / CHECKPOINTS / LATEST).exists():
             raise JobFailed(f"stopped by {e.sigval.name} before the first checkpoint") from None
     except Exception as e:  # noqa: BLE001 - a worker's bad input wins over how torchrun reported the failure
         line = user_error_line(error_file, getattr(e, "failures", None))

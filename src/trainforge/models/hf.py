@@ -37,10 +37,11 @@ from trainforge.hub import from_hub
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.quantize_base import dequantized_copy
 from trainforge.models.zoo import DataFit, input_spec, register_model
+from trainforge.layout import ADAPTER
 
 FIELD = "model.args.pretrained"
 NATIVE_FOLDER = "hf"  # final/hf/: save_pretrained, loadable by transformers in any other project
-ADAPTER_FOLDER = "adapter"  # final/adapter/: a LoRA run's adapters, loadable by PEFT
+ADAPTER_FOLDER = ADAPTER  # final/adapter/: a LoRA run's adapters, loadable by PEFT
 
 HF_DATA = DataFit(
     "text classification (int64 tokens), image classification (float C,H,W) or language modelling",

@@ -22,8 +22,9 @@ from trainforge.errors import UserError
 from trainforge.files import write_text_atomic
 from trainforge.report.plots import confusion_matrix_png, training_charts
 from trainforge.metrics_file import read_metrics
+from trainforge.layout import CONFIG, DATA_REPORT, EVAL, METRICS, REPORT, SAMPLES
 
-REPORT_NAME = "report.html"
+REPORT_NAME = REPORT
 _MAX_VALUE_CHARS = 300  # long lists in data_report.json (e.g. per-channel stats) are cut here
 
 _CSS = """
@@ -51,10 +52,10 @@ def write_report(run_dir: Path, extra_sections: Sequence[tuple[str, str]] = ()) 
     if not run_dir.is_dir():
         raise UserError(f"{run_dir}: run directory not found; pass the folder a training run wrote")
 
-    rows, rows_note = _read_rows(run_dir / "metrics.jsonl")
-    eval_json, eval_note = _read_json(run_dir / "eval.json")
-    data_report, data_note = _read_json(run_dir / "data_report.json")
-    config_text, config_note = _read_text(run_dir / "config.yaml")
+    rows, rows_note = _read_rows(run_dir / METRICS)
+    eval_json, eval_note = _read_json(run_dir / EVAL)
+    data_report, data_note = _read_json(run_dir / DATA_REPORT)
+    config_text, config_note = _read_text(run_dir / CONFIG)
 
     sections: list[tuple[str, str, str]] = [  # (anchor id, title, body html)
         ("eval", "Evaluation", _eval_section(eval_json, eval_note)),
@@ -157,7 +158,7 @@ def _per_class_table(per_class: Mapping[str, Any]) -> str:
     return f"<table>{head}{''.join(body)}</table>"
 
 
-SAMPLES_FILE = "samples.jsonl"  # a chat run's greedy answers to fixed validation prompts (training.generate)
+SAMPLES_FILE = SAMPLES  # a chat run's greedy answers to fixed validation prompts (training.generate)
 ANSWER_CHARS = 600
 
 

@@ -1,6 +1,6 @@
 """Charts for the run report, rendered to PNG bytes (and, for `runs compare`, to inline SVG).
 
-    charts = training_charts(read_metrics(run_dir / "metrics.jsonl"))   # [(title, png_bytes), ...]
+    charts = training_charts(read_metrics(RunDir(run_dir).metrics))   # [(title, png_bytes), ...]
     figures = training_figures(rows)                                     # the same as Figures: [(title, Figure)]
     png = confusion_matrix_png(eval_json["confusion_matrix"], eval_json["class_names"])
     svg = svg_element(line_chart(title, ylabel, {"run a": series_a, "run b": series_b}))   # "<svg ...>...</svg>"

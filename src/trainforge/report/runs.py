@@ -38,15 +38,10 @@ from typing import Any, Mapping, Optional
 from trainforge.config import read_yaml
 from trainforge.errors import UserError
 from trainforge.metrics_file import metric_series, read_metrics
+from trainforge.layout import CHECKPOINTS, CONFIG, EVAL, FINAL, JOB_EXIT, JOB_RECIPE, LATEST, META, METRICS, TENSORBOARD
 
-CONFIG = "config.yaml"
-METRICS = "metrics.jsonl"
-EVAL = "eval.json"
-FINAL_META = Path("final") / "model.json"  # training.artifacts: the final model's facts, `ran` among them
-LATEST = Path("checkpoints") / "latest"  # training.checkpoint: names the newest complete checkpoint, written last
-TENSORBOARD = "tensorboard"
-JOB_EXIT = "exit.json"  # jobs.runner.JobPaths: <job>/exit.json records how <job>/run's last attempt exited
-JOB_RECIPE = "job.yaml"  # ... and <job>/job.yaml is the job's frozen recipe: together they mark a job's folder
+FINAL_META = Path(FINAL) / META  # training.artifacts: the final model's facts, `ran` among them
+LATEST_FILE = Path(CHECKPOINTS) / LATEST  # training.checkpoint: names the newest complete checkpoint, written last
 SEARCH_DEPTH = 2  # the folder, its subfolders and theirs
 MAX_COMPARED = 10  # runs one comparison takes (`runs compare`, the dashboard): one color each
 RUNNING_MIN_S = 120.0
@@ -213,7 +208,7 @@ def _status(files: RunFiles, train_cfg: Mapping[str, Any], val_steps: list[float
         return "failed"
     if exit_code is None and last_write is not None and now - last_write < _running_window_s(files.rows):
         return "running"
-    if _regular(run_dir / LATEST) is not None:
+    if _regular(run_dir / LATEST_FILE) is not None:
         return "stopped"
     return "incomplete"
 
@@ -256,7 +251,7 @@ def _started_at(run_dir: Path) -> Optional[float]:
 
 
 def _last_write(run_dir: Path) -> Optional[float]:
-    times = [_mtime(run_dir / name) for name in (CONFIG, METRICS, LATEST, EVAL)]
+    times = [_mtime(run_dir / name) for name in (CONFIG, METRICS, LATEST_FILE, EVAL)]
     return max((t for t in times if t is not None), default=None)
 
 

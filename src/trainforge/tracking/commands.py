@@ -15,6 +15,7 @@ from trainforge.config import MlflowConfig
 from trainforge.console import out, print_json
 from trainforge.errors import UserError
 from trainforge.report.commands import runs_group
+from trainforge.layout import CONFIG
 
 def register(app: typer.Typer) -> None:
     """Add `sync` to the app's `trainforge runs` group."""
@@ -55,7 +56,7 @@ def sync(
 def _run_settings(run_dir: Path) -> tuple[MlflowConfig, Path]:
     """The run's log.mlflow (defaults when it had none) and log.runs_root, from its config.yaml."""
     try:
-        doc = yaml.safe_load((run_dir / "config.yaml").read_text())
+        doc = yaml.safe_load((run_dir / CONFIG).read_text())
     except FileNotFoundError:
         raise UserError(f"RUN_DIR: {run_dir} is not a run directory (no config.yaml)") from None
     except (OSError, yaml.YAMLError) as e:

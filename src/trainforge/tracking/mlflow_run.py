@@ -41,13 +41,14 @@ from trainforge.confine import confined_roots
 from trainforge.errors import UserError, quote
 from trainforge.files import write_text_atomic
 from trainforge.metrics_file import read_metrics
+from trainforge.layout import (CHECKPOINTS, COMPRESS_RECORD, COMPRESSED, CONFIG, DATA_REPORT, EVAL, FINAL, LATEST, MANIFEST,
+                               META, METRICS, MLFLOW_STATE, REPORT)
 
-STATE_FILE = "mlflow.json"
-ARTIFACTS = ("config.yaml", "data_report.json", "eval.json", "report.html")
+STATE_FILE = MLFLOW_STATE
+ARTIFACTS = (CONFIG, DATA_REPORT, EVAL, REPORT)
 # the MLflow models' code (MLflow's "models from code"), each beside what it wraps; named by path, not imported
 PYFUNC_CODE = Path(__file__).parents[1] / "training" / "pyfunc_model.py"  # a run's final model
 PYFUNC_ONNX_CODE = Path(__file__).parents[1] / "compression" / "pyfunc_onnx.py"  # its compressed ONNX variant
-COMPRESS_RECORD = "compress.json"  # what `trainforge compress` writes in <run>/compressed/
 METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_CHARS = 6000
@@ -159,7 +160,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 def latest_checkpoint_step(run_dir: Path) -> int:
     """The step of checkpoints/latest (0 when there is none): rows up to it are never rewritten by a resume."""
     try:
-        name = (run_dir / "checkpoints" / "latest").read_text().strip()
+        name = (run_dir / CHECKPOINTS / LATEST).read_text().strip()
         return int(name.removeprefix("step-"))
     except (OSError, ValueError):
         return 0
@@ -262,9 +263,9 @@ class RunTracker:
         for name in ARTIFACTS:
             self._log_artifact(client, name)
         if status is not None:
-            if status == "FINISHED" and (self.run_dir / "final" / "model.json").is_file():
+            if status == "FINISHED" and (self.run_dir / FINAL / META).is_file():
                 self._log_model()
-                if (self.run_dir / "compressed" / COMPRESS_RECORD).is_file():
+                if (self.run_dir / COMPRESSED / COMPRESS_RECORD).is_file():
                     self._log_onnx()
             client.set_terminated(self.state.run_id, status=status)
 
@@ -299,7 +300,7 @@ class RunTracker:
 
     def _config(self) -> dict[str, Any]:
         try:
-            doc = yaml.safe_load((self.run_dir / "config.yaml").read_text())
+            doc = yaml.safe_load((self.run_dir / CONFIG).read_text())
         except (OSError, yaml.YAMLError) as e:
             raise UserError(f"{self.run_dir / 'config.yaml'}: not readable ({e}); is this a run directory?") from None
         return doc if isinstance(doc, dict) else {}
@@ -315,7 +316,7 @@ class RunTracker:
     def _log_metrics(self, client: Any, final: bool) -> None:
         from mlflow.entities import Metric  # optional dependency, see _sync
 
-        path = self.run_dir / "metrics.jsonl"
+        path = self.run_dir / METRICS
         if not path.is_file():
             return
         with warnings.catch_warnings():
@@ -347,7 +348,7 @@ class RunTracker:
         log.mlflow.register_model when set. Once per final model (its step)."""
         import mlflow  # optional dependency, see _sync
 
-        meta = json.loads((self.run_dir / "final" / "model.json").read_text())
+        meta = json.loads((self.run_dir / FINAL / META).read_text())
         if self.state.model_step == meta.get("step"):
             return
         with _tracking(self.uri), mlflow.start_run(run_id=self.state.run_id, log_system_metrics=False):
@@ -365,7 +366,7 @@ class RunTracker:
         torch), registered as a new version of log.mlflow.register_model. Again only when compress.json changes."""
         import mlflow  # optional dependency, see _sync
 
-        compressed = self.run_dir / "compressed"
+        compressed = self.run_dir / COMPRESSED
         st = (compressed / COMPRESS_RECORD).stat()
         if self.state.onnx_record == [st.st_size, st.st_mtime_ns]:
             return
@@ -373,11 +374,11 @@ class RunTracker:
         chosen = next((v for v in record.get("variants", []) if v.get("recommended")), None)
         if chosen is None or not (compressed / Path(str(chosen.get("path", ""))).name).is_file():
             return  # nothing to serve yet (an unfinished compress)
-        meta = json.loads((self.run_dir / "final" / "model.json").read_text())
+        meta = json.loads((self.run_dir / FINAL / META).read_text())
         with tempfile.TemporaryDirectory(prefix="trainforge-onnx-") as tmp:  # the variant, its record and manifest
-            folder = Path(tmp) / "compressed"
+            folder = Path(tmp) / COMPRESSED
             folder.mkdir()
-            for name in (COMPRESS_RECORD, "manifest.json", Path(str(chosen["path"])).name):
+            for name in (COMPRESS_RECORD, MANIFEST, Path(str(chosen["path"])).name):
                 if (compressed / name).is_file():
                     shutil.copy2(compressed / name, folder / name)
             with _tracking(self.uri), mlflow.start_run(run_id=self.state.run_id, log_system_metrics=False):
@@ -516,11 +517,11 @@ def tracked(hooks: Any = None) -> Any:
 def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None) -> dict[str, Any]:
     """`trainforge runs sync`: upload a finished or stopped run from its directory (JSON-able summary); `uri`: to this
     tracking URI rather than the one `tracking_uri` chooses."""
-    if not (run_dir / "config.yaml").is_file():
+    if not (run_dir / CONFIG).is_file():
         raise UserError(f"RUN_DIR: {run_dir} is not a run directory (no config.yaml)")
     require_mlflow()
     tracker = RunTracker(run_dir, settings, runs_root, uri)
-    status = "FINISHED" if (run_dir / "final" / "model.json").is_file() else "KILLED"
+    status = "FINISHED" if (run_dir / FINAL / META).is_file() else "KILLED"
     try:
         state = tracker.sync(status)
     except TrackingError as e:

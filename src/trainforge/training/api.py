@@ -13,7 +13,6 @@ from trainforge.engine.checkpoint import find_resume_checkpoint, load_state
 from trainforge.training.loop import FitHooks, TrainResult
 from trainforge.training.run import run
 from trainforge.training.rundir import (
-    CHECKPOINTS,
     check_writable,
     holds_a_run,
     latest_run_dir,
@@ -24,6 +23,7 @@ from trainforge.data import SOURCES
 from trainforge.models import MODELS
 from trainforge.engine.optim import OPTIMIZERS
 from trainforge.engine.schedule import SCHEDULES
+from trainforge.layout import CHECKPOINTS, CONFIG, CONFIG_TEXT, EVAL, FINAL, METRICS, REPORT
 
 ConfigLike = Union[Config, str, Path, None]
 
@@ -122,15 +122,15 @@ def _resumed_config(config: ConfigLike, overrides: list[str], run_dir: Path, ckp
 
 
 def _saved_config(run_dir: Path, ckpt: Optional[Path]) -> Optional[Config]:
-    saved = run_dir / "config.yaml"
+    saved = run_dir / CONFIG
     if saved.is_file():
         return config_from_dict(read_yaml(saved))
     if ckpt is not None:
-        return config_from_yaml_text(load_state(ckpt)["config_yaml"], f"{ckpt}/state.pt")
+        return config_from_yaml_text(load_state(ckpt)[CONFIG_TEXT], f"{ckpt}/state.pt")
     return None
 
 
-STARTED_OVER = ("checkpoints", "metrics.jsonl", "final", "eval.json", "report.html")
+STARTED_OVER = (CHECKPOINTS, METRICS, FINAL, EVAL, REPORT)
 
 
 def _start_over(run_dir: Path) -> None:
@@ -139,7 +139,7 @@ def _start_over(run_dir: Path) -> None:
     <run>/unusable-<time>/ rather than overwritten. Torchrun workers leave this to their launcher."""
     if launched_worker():
         return
-    if not any((run_dir / CHECKPOINTS).glob("step-*")) and not (run_dir / "final").exists():
+    if not any((run_dir / CHECKPOINTS).glob("step-*")) and not (run_dir / FINAL).exists():
         err.print(f"--resume auto: {run_dir} has no checkpoint yet; starting its recipe from step 0",
                   highlight=False, soft_wrap=True, markup=False)
         return

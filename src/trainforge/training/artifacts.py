@@ -42,9 +42,10 @@ from trainforge.engine.checkpoint import (
 from trainforge.models import build_model
 from trainforge.models.lora import check_base
 from trainforge.models.resize import resize_to_weights
+from trainforge.layout import CHECKPOINTS, CONFIG_TEXT, FINAL, META
 
 FORMAT = "trainforge-model/1"
-META_FILE = "model.json"
+META_FILE = META
 FINAL_FILES = (MODEL_FILE, META_FILE)  # what loading final/ reads, so what its manifest must vouch for
 # What a stored data_info may say: far above any real dataset, low enough that building the model from it is sane
 MAX_INPUT_DIMS = 4  # image C,H,W; tabular F; text T
@@ -137,7 +138,7 @@ def save_final_model(
     write} for a model with formats of its own (an `hf` model's save_pretrained into final/hf/, a LoRA run's
     adapters into final/adapter/), each written into its folder before final/ is sealed, with a manifest of
     its own. `base`: a LoRA run's frozen base (source, SHA-256); `model_state` then holds the adapters."""
-    final = run_dir / "final"
+    final = run_dir / FINAL
     tmp = run_dir / f".tmp-final-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -151,7 +152,7 @@ def save_final_model(
         "preprocess": preprocess,
         "metrics": metrics or {},
         "ran": ran or {},
-        "config_yaml": config.to_yaml(),
+        CONFIG_TEXT: config.to_yaml(),
         "base": base,
     }
     (tmp / META_FILE).write_text(json.dumps(meta, indent=1))
@@ -175,14 +176,14 @@ def load_trained(path: Path, verify: bool = True) -> Trained:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such checkpoint or run directory")
-    if (path / "final").is_dir():  # the run's final model, even with a file missing (verification names it)
-        path = path / "final"
-    if (path / META_FILE).is_file() or path.name == "final":
+    if (path / FINAL).is_dir():  # the run's final model, even with a file missing (verification names it)
+        path = path / FINAL
+    if (path / META_FILE).is_file() or path.name == FINAL:
         if verify:
             verify_final(path)
         return read_final(path)
-    if (path / "checkpoints").is_dir():
-        found = find_resume_checkpoint(path / "checkpoints")
+    if (path / CHECKPOINTS).is_dir():
+        found = find_resume_checkpoint(path / CHECKPOINTS)
         if found is None:
             raise UserError(f"{path}: run directory has no final model and no complete checkpoint")
         path = found
@@ -193,7 +194,7 @@ def load_trained(path: Path, verify: bool = True) -> Trained:
     else:
         weights, state = load_checkpoint(path, verify)
     with fields_of(path / STATE_FILE):
-        config, info = config_from_yaml_text(state["config_yaml"]), info_from_dict(json.loads(state["data_info_json"]))
+        config, info = config_from_yaml_text(state[CONFIG_TEXT]), info_from_dict(json.loads(state["data_info_json"]))
         preprocess, step = json.loads(state["preprocess_json"]), int(state["step"])
         base = json.loads(state.get("base_json") or "null")
     if weights is None:  # an FSDP checkpoint: gather its shards into whole tensors in this one process
@@ -222,7 +223,7 @@ def read_final(path: Path) -> Trained:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise UserError(f"{path / META_FILE}: not a trainforge model (format {found!r})")
     with fields_of(path / META_FILE):
-        config, info = config_from_yaml_text(meta["config_yaml"]), info_from_dict(meta["data_info"])
+        config, info = config_from_yaml_text(meta[CONFIG_TEXT]), info_from_dict(meta["data_info"])
         preprocess, step = meta.get("preprocess", {}), int(meta["step"])
     return Trained(config=config, info=info, preprocess=preprocess, weights=load_weights(path / MODEL_FILE),
                    step=step, source=path, base=meta.get("base"))

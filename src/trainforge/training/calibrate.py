@@ -24,6 +24,7 @@ from trainforge.planning.calibration_store import save_calibration
 from trainforge.planning.plan import plan_local_step
 from trainforge.training.run import run
 from trainforge.training.setup import RunSetup
+from trainforge.layout import METRICS
 
 MEASURED_STEPS = 8
 WARMUP_STEPS = 3
@@ -59,7 +60,7 @@ def measure_steps(cfg, *, steps: int = MEASURED_STEPS, warmup: int = WARMUP_STEP
         start = time.perf_counter()
         result = run(short, Path(tmp) / "run")
         wall_s = time.perf_counter() - start
-        rows = [r for r in read_metrics(Path(tmp) / "run" / "metrics.jsonl") if r["split"] == "train"][warmup:]
+        rows = [r for r in read_metrics(Path(tmp) / "run" / METRICS) if r["split"] == "train"][warmup:]
     cuda = device.type == "cuda"
     return MeasuredRun(
         setup=result.setup,

@@ -38,6 +38,7 @@ from trainforge.data.tokenizer import is_stored
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import Trained, load_trained
+from trainforge.layout import SAMPLES
 
 MAX_NEW_TOKENS = 256
 TEMPERATURE = 0.7
@@ -461,7 +462,7 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float, generator: t
 
 EVAL_PROMPTS = 3  # conversations of the val split whose first answer is generated at each evaluation
 EVAL_NEW_TOKENS = 48
-SAMPLES_FILE = "samples.jsonl"  # in the run directory: {"step", "prompt", "answer", "reference"} a line
+SAMPLES_FILE = SAMPLES  # in the run directory: {"step", "prompt", "answer", "reference"} a line
 
 
 def val_prompts(samples: Any, limit: int = EVAL_PROMPTS) -> list[tuple[list[int], list[int]]]:

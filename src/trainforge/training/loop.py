@@ -59,6 +59,7 @@ from trainforge.training.setup import DataFacts, OOMNote, RunSetup, resolve
 from trainforge.engine.signals import StopFlag
 from trainforge.training.state import RunFacts, TrainState
 from trainforge.training.strategy import STRATEGIES, Strategy
+from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, TENSORBOARD
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -139,7 +140,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
         state = TrainState.from_checkpoint(payload, groups, setup, state.scaler, ema=state.ema, stopper=state.stopper,
                                            rank=env.rank)
     if env.is_main:
-        truncate_metrics(run_dir / "metrics.jsonl", after_step=state.step)
+        truncate_metrics(run_dir / METRICS, after_step=state.step)
         truncate_metrics(run_dir / SAMPLES_FILE, after_step=state.step)  # a chat run's answers, likewise
     batches = TrainBatches(inputs.data.train, seed=cfg.seed, micro_batch_size=setup.micro_batch_size,
                            global_batch_size=setup.global_batch_size, num_workers=setup.num_workers,
@@ -148,7 +149,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
                                   num_workers=setup.num_workers, pin_memory=setup.pin_memory)
     facts = RunFacts(cfg.seed, cfg.to_yaml(), info_to_dict(info), inputs.data.preprocess, base_reference(model))
     # one voice: rank 0 logs and shows progress
-    metrics = (MetricsLog(run_dir / "metrics.jsonl", run_dir / "tensorboard" if cfg.log.tensorboard else None)
+    metrics = (MetricsLog(run_dir / METRICS, run_dir / TENSORBOARD if cfg.log.tensorboard else None)
                if env.is_main else NullLog())
     progress = TrainProgress(setup.total_steps, state.step, enabled=cfg.log.progress and env.is_main, speaks=env.is_main)
     for note in setup.notes:
@@ -225,7 +226,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             due = (done % setup.checkpoint_every_steps == 0 or done == setup.total_steps) and state.bad_steps_in_row == 0
             if due or stopping or state.status != "completed":
                 payload, groups = state.to_checkpoint(facts, gather_objects(env, get_rng_state()))
-                strategy.save(run_dir / "checkpoints", done, model, optimizer, payload, groups, tc.keep_checkpoints)
+                strategy.save(run_dir / CHECKPOINTS, done, model, optimizer, payload, groups, tc.keep_checkpoints)
             if stopping:
                 state.status = "interrupted"
                 progress.log(f"{stop.signal_name}: checkpoint saved at step {done}; resume with --resume auto")
@@ -404,11 +405,11 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
                                    pin_memory=setup.pin_memory)
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)
     result.eval = {"split": "test", "step": final_step, **test}
-    write_text_atomic(run_dir / "eval.json", json.dumps(result.eval, indent=1))
+    write_text_atomic(run_dir / EVAL, json.dumps(result.eval, indent=1))
     if inputs.data.runtime_report is not None:  # image files that failed to decode in any rank or worker
         found = inputs.data.runtime_report()
         report = {**inputs.data.report, "dropped_at_run_time": found}
-        write_text_atomic(run_dir / "data_report.json", json.dumps(report, indent=1))
+        write_text_atomic(run_dir / DATA_REPORT, json.dumps(report, indent=1))
         announce_line(runtime_line(found))
     write_report(run_dir)
 

@@ -34,6 +34,7 @@ from trainforge.engine.progress import announce_data, console
 from trainforge.engine.rng import determinism, seed_everything
 from trainforge.training.setup import DataFacts, OOMNote, resolve
 from trainforge.engine.signals import stop_on_signals
+from trainforge.layout import CONFIG, DATA_REPORT
 
 
 def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
@@ -72,8 +73,8 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
                 console.print(f"train.freeze: {frozen:,} of {total:,} parameters frozen ({frozen / total:.1%}); "
                               f"{total - frozen:,} trained", highlight=False, soft_wrap=True)
             run_dir.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(run_dir / "config.yaml", cfg.to_yaml())
-            write_text_atomic(run_dir / "data_report.json", json.dumps(data.report, indent=1))
+            write_text_atomic(run_dir / CONFIG, cfg.to_yaml())
+            write_text_atomic(run_dir / DATA_REPORT, json.dumps(data.report, indent=1))
         inputs = RunInputs(cfg, run_dir, data, model, facts, stop, resume_from, summary.counts)
         # rank 0's observer (the caller's: tracking mirrors the run directory into MLflow from a thread); the loop
         # knows nothing of it

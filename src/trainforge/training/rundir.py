@@ -8,8 +8,7 @@ from typing import Optional
 from trainforge.errors import UserError
 from trainforge.files import check_writable  # noqa: F401  (training.api imports it from here)
 from trainforge.engine.checkpoint import find_resume_checkpoint
-
-CHECKPOINTS = "checkpoints"
+from trainforge.layout import CHECKPOINTS, CONFIG, FINAL, MANIFEST, METRICS
 
 
 def new_run_dir(runs_root: Path, name: str) -> Path:
@@ -23,13 +22,13 @@ def new_run_dir(runs_root: Path, name: str) -> Path:
 
 
 def holds_a_run(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in ("config.yaml", CHECKPOINTS, "final", "metrics.jsonl"))
+    return path.is_dir() and any((path / name).exists() for name in (CONFIG, CHECKPOINTS, FINAL, METRICS))
 
 
 def resolve_checkpoint_arg(path: Path) -> tuple[Path, Optional[Path]]:
     """For `--resume PATH`: (run dir, checkpoint) from a run dir or a `checkpoints/step-*` dir."""
     path = path.resolve()
-    if (path / "manifest.json").is_file() and path.parent.name == CHECKPOINTS:
+    if (path / MANIFEST).is_file() and path.parent.name == CHECKPOINTS:
         return path.parent.parent, path
     if path.is_dir():
         return path, find_resume_checkpoint(path / CHECKPOINTS)

@@ -21,6 +21,7 @@ from trainforge.engine.early_stop import EarlyStopper
 from trainforge.engine.ema import EMA
 from trainforge.engine.rng import set_rng_state
 from trainforge.training.setup import RunSetup
+from trainforge.layout import CONFIG_TEXT
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class TrainState:
             "rng": rng_ranks[0] if rng_ranks else {},  # gathered on rank 0 only
             "rng_ranks": rng_ranks,
             "world_size": setup.world_size,
-            "config_yaml": facts.config_yaml,
+            CONFIG_TEXT: facts.config_yaml,
             "data_info_json": json.dumps(dict(facts.data_info)),
             "preprocess_json": json.dumps(dict(facts.preprocess)),
             "base_json": json.dumps(dict(facts.base) if facts.base else None),

@@ -1,6 +1,6 @@
 """The study report: <out>/report.html with the trials, their history and what mattered.
 
-    write_study_report(out / "report.html", study, rows, keys, summary, best_config_text)
+    write_study_report(out / layout.REPORT, study, rows, keys, summary, best_config_text)
 
 Plots (PNG, embedded as base64 like the run report): optimization history (every trial's value and
 the best so far), the metric at each evaluation per trial (where pruned trials stopped), and the

@@ -17,11 +17,11 @@ from rich.table import Table
 
 from trainforge.config import config_from_dict
 from trainforge.files import write_text_atomic
+from trainforge.layout import REPORT  # the study's report, named as a run's
 from trainforge.tuning.space import apply_params
 
 BEST_CONFIG = "best_config.yaml"
 TRIALS_CSV = "trials.csv"
-REPORT = "report.html"
 
 
 def param_keys(trials: Iterable[Any], space_keys: Sequence[str] = ()) -> list[str]:
