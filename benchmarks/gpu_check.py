@@ -243,10 +243,10 @@ def planner_cases(sizes: Sizes) -> list[Case]:
     resnet = [*sizes.resnet, "train.precision=bf16", "train.channels_last=true",
               f"train.micro_batch_size={sizes.resnet_micro}", f"train.global_batch_size={sizes.resnet_micro}"]
     return [
-        Case(f"gpt2_small bf16 b{m16}", "gpt2_small_synthetic", [*gpt2, *batch(m16), "distributed.activation_checkpointing=false"]),
-        Case(f"gpt2_small bf16 b{m8}", "gpt2_small_synthetic", [*gpt2, *batch(m8), "distributed.activation_checkpointing=false"]),
-        Case(f"gpt2_small bf16 b{m16} +ckpt", "gpt2_small_synthetic", [*gpt2, *batch(m16), "distributed.activation_checkpointing=true"]),
-        Case(f"gpt2_small bf16 b{m8} +ckpt", "gpt2_small_synthetic", [*gpt2, *batch(m8), "distributed.activation_checkpointing=true"]),
+        Case(f"gpt2_small bf16 b{m16}", "gpt2_small_synthetic", [*gpt2, *batch(m16), "train.activation_checkpointing=false"]),
+        Case(f"gpt2_small bf16 b{m8}", "gpt2_small_synthetic", [*gpt2, *batch(m8), "train.activation_checkpointing=false"]),
+        Case(f"gpt2_small bf16 b{m16} +ckpt", "gpt2_small_synthetic", [*gpt2, *batch(m16), "train.activation_checkpointing=true"]),
+        Case(f"gpt2_small bf16 b{m8} +ckpt", "gpt2_small_synthetic", [*gpt2, *batch(m8), "train.activation_checkpointing=true"]),
         Case(f"resnet50 bf16 channels_last b{sizes.resnet_micro}", "resnet50_synthetic", resnet),
         Case("digits_cnn", "digits_cnn", list(sizes.digits)),
     ]

@@ -1,15 +1,23 @@
-"""Each decision has one implementation (issue 13): the run's setup, the largest micro-batch that fits,
-precision, the OOM shrink rule, atomic writes. A second copy of any of them would drift from the first."""
+"""Each decision has one implementation (issues 13 and 27): the run's setup, the largest micro-batch that fits,
+precision, the device, the pre-flight, the OOM shrink rule, atomic writes. A second copy of any of them would drift
+from the first."""
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainforge"
 
 
+@functools.lru_cache(maxsize=None)
 def _trees() -> dict[str, ast.AST]:
     return {str(p.relative_to(SRC)): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(SRC.rglob("*.py"))}
+
+
+def _texts() -> dict[str, str]:
+    return {str(p.relative_to(SRC)): p.read_text(encoding="utf-8") for p in sorted(SRC.rglob("*.py"))}
 
 
 def definitions(name: str) -> list[str]:
@@ -46,3 +54,51 @@ def test_bf16_support_is_only_read_to_resolve_precision():
     assert callers("supports_bf16") <= {"training/setup.py", "training/evaluate.py"}
     assert callers("resolve_precision") == {"training/setup.py", "training/evaluate.py", "planning/plan.py"}
     assert callers("shrink_micro_batch") == {"training/setup.py"}
+
+
+ACCELERATORS = ("cuda", "mps", "xpu", "npu")
+
+
+def test_the_device_is_decided_in_one_function():
+    """`hardware.device.resolve_device` decides which device a process computes on, for a run, a process of a group,
+    evaluation, generation, calibration, the planner's own step and the job admission; nothing else names an
+    accelerator device or asks whether one is there (but the slot inventory and the RNG state, which read them)."""
+    assert definitions("resolve_device") == ["hardware/device.py"]
+    assert callers("resolve_device") == {"engine/env.py", "training/evaluate.py", "training/generate.py",
+                                         "training/calibrate.py", "planning/plan.py", "jobs/admission.py",
+                                         "compression/torchao_quant.py"}
+    named = set()
+    for path, tree in _trees().items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            f = node.func
+            if f.attr == "device" and node.args and isinstance(node.args[0], ast.Constant) \
+                    and str(node.args[0].value).startswith(ACCELERATORS):
+                named.add(path)  # torch.device("cuda", ...)
+            if f.attr == "is_available" and isinstance(f.value, ast.Attribute) and f.value.attr in ACCELERATORS:
+                named.add(path)  # torch.cuda.is_available()
+    assert named <= {"hardware/device.py", "jobs/slots.py", "engine/rng.py"}, named
+
+
+def test_precision_is_interpreted_in_one_function():
+    """`train.precision` is read only to be handed to `resolve_precision`, by the three that resolve it."""
+    readers = {path for path, text in _texts().items() if path != "engine/precision.py"  # its docstring
+               if re.search(r"\b(?:train|tc)\.precision\b(?![:=])", text)}
+    assert readers <= callers("resolve_precision"), readers - callers("resolve_precision")
+
+
+def test_the_pre_flight_is_one_function_every_command_uses():
+    """Building a run's data and model to check it (train, the torchrun launcher, plan, tune, the job admission)
+    is `engine.preflight.preflight`; none of them builds the data or the model itself."""
+    assert definitions("preflight") == ["engine/preflight.py"]
+    users = {"training/run.py", "launch/torchrun.py", "planning/plan.py", "tuning/api.py", "jobs/admission.py"}
+    assert users <= callers("preflight")
+    assert not users & callers("build_data"), users & callers("build_data")
+
+
+def test_the_loop_reads_no_config():
+    """fit() runs its RunSetup: everything it reads of the config was taken once by `resolve` (setup.loop)."""
+    text = _texts()["training/loop.py"]
+    assert not re.search(r"\b(?:cfg|tc)\.", text), re.findall(r".*\b(?:cfg|tc)\..*", text)
+    assert not re.search(r"\bconfig\.\w", text.replace("inputs.config,", "")), re.findall(r".*\bconfig\.\w.*", text)

@@ -38,7 +38,8 @@ from trainforge.planning.render import render_calibration, render_plan
 from trainforge.report.commands import register as register_report
 from trainforge.tracking.commands import register as register_runs
 from trainforge.tuning.commands import register as register_tune
-from trainforge.layout import EVAL
+from trainforge.layout import DATA_REPORT, EVAL
+from trainforge.training.sampling import MAX_NEW_TOKENS, SEED, TEMPERATURE, TOP_P, check_settings
 
 app = typer.Typer(
     add_completion=False,
@@ -46,6 +47,17 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Plan, train, evaluate and compress PyTorch models from YAML recipes.",
 )
+
+
+SAMPLING_DEFAULTS = {"max_new_tokens": MAX_NEW_TOKENS, "temperature": TEMPERATURE, "top_p": TOP_P, "seed": SEED}
+
+
+def existing_run(path: Path) -> Path:
+    """`path` (a run directory, its final/ or a checkpoint) when it exists, else the line loading it would give:
+    said before torch and the model libraries load."""
+    if not path.exists():
+        raise UserError(f"{path}: no such checkpoint or run directory")
+    return path
 
 
 def _split_recipe(recipe: Optional[str], overrides: Optional[List[str]]) -> tuple[Optional[str], list[str]]:
@@ -74,11 +86,13 @@ def train(
 
     Batch: train.global_batch_size samples per step; train.micro_batch_size is an upper bound per process.
     """
-    from trainforge import train as run_train  # heavy (torch, on use): the CLI starts fast without it
-
     recipe, overrides = _split_recipe(recipe, overrides)
     if resume is not None and resume != "auto" and not Path(resume).exists():
         raise UserError(f"--resume: {resume} does not exist; pass 'auto' or a run/checkpoint directory")
+    if resume is None or recipe is not None:  # a bad key, a wrong type, a missing recipe: answered before torch loads
+        load_config(recipe, overrides)
+    from trainforge import train as run_train  # heavy (torch, on use): the CLI starts fast without it
+
     if nproc_per_node is not None or nnodes != "1" or rdzv_endpoint:
         rd = launch_run(recipe, overrides, run_dir=run_dir, resume=resume, nproc_per_node=1 if nproc_per_node is None else nproc_per_node,
                     nnodes=nnodes, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
@@ -127,7 +141,7 @@ def train(
         counts = result.data
         table.add_row("data", f"{counts['rows_kept']:,} of {counts['rows_read']:,} rows kept"
                       f"{', ' + str(len(counts['warnings'])) + ' warning(s)' if counts['warnings'] else ''}: "
-                      f"{result.run_dir / 'data_report.json'}")
+                      f"{result.run_dir / DATA_REPORT}")
     for k, v in doc["eval"].items():
         if isinstance(v, float):
             table.add_row(f"test {k}", f"{v:.4f}")
@@ -151,6 +165,7 @@ def eval_cmd(
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Evaluate a checkpoint: accuracy, macro-F1, per-class report and confusion matrix (or perplexity)."""
+    existing_run(checkpoint)
     from trainforge.training.evaluate import evaluate_checkpoint  # heavy (torch): the CLI starts fast without it
 
     result = evaluate_checkpoint(checkpoint, split=split, device=device, verify=not no_verify)
@@ -193,13 +208,15 @@ def generate(
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document at the end instead of streaming."),
 ) -> None:
     """Generate text with a trained causal LM (model.name hf or gpt), streamed to stdout as it comes."""
+    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
+    check_settings(**{**SAMPLING_DEFAULTS, **{k: v for k, v in given.items() if v is not None}})  # before torch loads
+    existing_run(run_or_checkpoint)
     from trainforge.training.generate import generate as run_generate  # heavy (torch, transformers): the CLI starts fast without it
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
 
-    given = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "seed": seed}
     result = run_generate(run_or_checkpoint, prompt, chat=chat, on_text=None if as_json else stream,
                           **{k: v for k, v in given.items() if v is not None})  # unset: the API's defaults
     if as_json:
@@ -284,9 +301,9 @@ def data_prepare(
 ) -> None:
     """Prepare the recipe's data once: token shards of a corpus ($TRAINFORGE_HOME/tokens/, which every run then
     reads; runs do it on first use too), or WebDataset tar shards of an image folder (--out) for multi-node runs."""
+    cfg = load_config(recipe, overrides or [])  # answered before torch loads
     from trainforge.data.prepare import prepare_data  # heavy (torch): the CLI starts fast without it
 
-    cfg = load_config(recipe, overrides or [])
     result = prepare_data(cfg.data, seed=cfg.seed, data_format=data_format, rebuild=rebuild, workers=workers,
                           out=out_dir, shard_samples=shard_samples)
     if as_json:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.resources
 import re
+import sys
 import unicodedata
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -138,9 +139,6 @@ class ModelConfig(Section):
     lora: Optional[LoraConfig] = None  # LoRA adapters on a pretrained hf model; the base stays frozen
     # QLoRA: the frozen base's Linear weights in the transformer blocks quantized (torchao), under model.lora
     quantize_base: Literal["nf4", "int8", "none"] = "none"
-    # set by `trainforge compress` on a pruned model's fine-tuning run: the weights are this architecture
-    # with channels removed, and loading resizes its layers to them
-    pruned: bool = False
 
     @model_validator(mode="after")
     def _quantize_needs_lora(self) -> "ModelConfig":
@@ -208,6 +206,7 @@ class TrainConfig(Section):
     log_every_steps: int = Field(10, gt=0, le=MAX_STEPS)
     num_threads: Optional[int] = Field(None, gt=0, le=MAX_COUNT)  # CPU intra-op threads
     memory_budget_bytes: Optional[int] = Field(None, gt=0, le=2**60)  # CPU budget for micro_batch_size: auto
+    activation_checkpointing: bool = False  # recompute each repeated block's activations in backward
 
     @field_validator("micro_batch_size")
     @classmethod
@@ -228,7 +227,6 @@ class TrainConfig(Section):
 
 class DistributedConfig(Section):
     strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"  # auto: ddp with more than one process
-    activation_checkpointing: bool = False  # recompute each repeated block's activations in backward
 
 
 class MlflowConfig(Section):
@@ -238,7 +236,6 @@ class MlflowConfig(Section):
     experiment: Optional[str] = None  # default: the recipe's name
     register_model: Optional[str] = None  # register the final model under this name
     sync_every_s: float = Field(30.0, gt=0, le=86400)  # how often a running run's new rows go to the tracker
-    parent_run_id: Optional[str] = None  # a tuning study's run: each trial is its child
 
 
 class LogConfig(Section):
@@ -246,6 +243,15 @@ class LogConfig(Section):
     progress: bool = True  # rich progress bar on stderr
     runs_root: str = "runs"  # parent of runs/<name>-<timestamp>/ when --run-dir is not given
     mlflow: Optional[MlflowConfig] = None  # off unless set
+
+
+class StageConfig(Section):
+    """What one of trainforge's own stages records in a run it makes (not a recipe's to set): read back on resume."""
+
+    # `trainforge compress`'s fine-tuning run of a pruned model: the weights are this architecture with channels
+    # removed, and loading resizes its layers to them
+    pruned: bool = False
+    mlflow_parent_run_id: Optional[str] = None  # `trainforge tune`: the study's MLflow run, each trial its child
 
 
 class Config(Section):
@@ -258,6 +264,7 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    stage: StageConfig = Field(default_factory=StageConfig)
 
     @field_validator("name")
     @classmethod
@@ -640,8 +647,46 @@ def check_text(raw: Any) -> None:
             stack.extend((f"{field}.{i}", child) for i, child in enumerate(value))
 
 
+# keys that moved to the section they belong to: (old path, new path). The old spelling keeps working, with a note.
+MOVED_KEYS = (
+    (("distributed", "activation_checkpointing"), ("train", "activation_checkpointing")),
+    (("model", "pruned"), ("stage", "pruned")),
+    (("log", "mlflow", "parent_run_id"), ("stage", "mlflow_parent_run_id")),
+)
+_noted: set[str] = set()
+
+
+def migrate_keys(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with every moved key at its new place (a one-line note on stderr, once per process and key); the same
+    key given at both places with different values is an error naming both."""
+    for old, new in MOVED_KEYS:
+        parent: Any = raw
+        for part in old[:-1]:
+            parent = parent.get(part) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or old[-1] not in parent:
+            continue
+        old_name, new_name = ".".join(old), ".".join(new)
+        value = parent.pop(old[-1])
+        target: Any = raw
+        for part in new[:-1]:
+            if target.get(part) is None:
+                target[part] = {}
+            target = target[part]
+            if not isinstance(target, dict):
+                raise UserError(f"{old_name}: moved to {new_name}, but {part} is not a section; fix {part}")
+        if new[-1] in target and target[new[-1]] != value:
+            raise UserError(f"{old_name}: moved to {new_name}, which is given too with another value; keep {new_name}")
+        target[new[-1]] = value
+        if old_name not in _noted:
+            _noted.add(old_name)
+            sys.stderr.write(f"note: {old_name} is now {new_name}; the old spelling still works\n")
+    return raw
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
     check_text(raw)
+    if isinstance(raw, dict):
+        raw = migrate_keys(raw)
     try:
         return Config.model_validate(raw)
     except ValidationError as err:

@@ -1,4 +1,4 @@
-"""The typed planner result: `Plan.to_json()` is exactly the `plan --json` document (DESIGN.md's names plus
+"""The typed planner result: `Plan.to_json()` is exactly the `plan --json` document (the contract's names plus
 the existing extras, in their order), consumers read attributes, and each candidate step is a pure function."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from trainforge.planning.plan import (MemoryRule, fit_memory, plan, plan_local_s
 from trainforge.planning.render import render_plan
 from trainforge.planning.result import Candidate, Plan
 
-# DESIGN.md §1, `plan --json`
+# the contract of `plan --json` (docs/architecture.md, "Contracts")
 DESIGN_SIMULATION = {"peak_bytes", "breakdown", "model_flops_per_step", "hardware_flops_per_step",
                      "samples_per_step", "tokens_per_step"}
 DESIGN_CANDIDATE = {"gpu", "num_gpus", "strategy", "micro_batch_size", "accumulation", "fits", "peak_bytes_per_gpu",

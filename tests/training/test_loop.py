@@ -296,5 +296,5 @@ def test_activation_checkpointing_trains_the_same(tmp_path: Path):
            "data.normalize=none", "model.name=gpt", "model.args={n_layer: 2, n_head: 2, n_embd: 16, dropout: 0.0}",
            "train.max_steps=3"]
     plain = trainforge.train(tiny(*gpt), run_dir=tmp_path / "plain")
-    ckpt = trainforge.train(tiny(*gpt, "distributed.activation_checkpointing=true"), run_dir=tmp_path / "ckpt")
+    ckpt = trainforge.train(tiny(*gpt, "train.activation_checkpointing=true"), run_dir=tmp_path / "ckpt")
     assert_same_weights(final_weights(plain.run_dir), final_weights(ckpt.run_dir), exact=False)

@@ -111,8 +111,7 @@ def test_a_run_resolves_once_and_again_only_after_running_out_of_memory(tmp_path
             return real(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(run, "resolve", counting(run.resolve))
-    monkeypatch.setattr(loop, "resolve", counting(loop.resolve))
+    monkeypatch.setattr(run, "resolve", counting(run.resolve))  # the loop's re-resolve after OOM is the run's too
     trainforge.train(tiny("train.max_steps=3"), run_dir=tmp_path / "plain")
     assert calls == [None]
     calls.clear()

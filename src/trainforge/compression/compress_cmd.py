@@ -7,9 +7,11 @@ from typing import Optional
 import typer
 from rich.markup import escape
 
+from trainforge.compression.options import CompressOptions
 from trainforge.compression.render import recommendation_line, rich_table
 
 from trainforge.console import err, out, print_json
+from trainforge.errors import UserError
 
 
 def compress_command(
@@ -34,14 +36,17 @@ def compress_command(
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
     """Shrink a trained model for deployment: prune + fine-tune, int8, ONNX export; a before/after table."""
-    from trainforge.compression.pipeline import CompressOptions, compress  # heavy (torch): the CLI starts fast without it
-
     options = CompressOptions(
         prune=prune, finetune_epochs=finetune_epochs, distill=distill, temperature=temperature, alpha=alpha,
         quantize=quantize, int8_method=int8_method, export=export, threads=threads, bench_s=bench_s,
         calibration_samples=calibration_samples, device=device, progress=not as_json,
         verify=not no_verify, accuracy_tolerance_pt=accuracy_tolerance,
     )
+    options.check()  # the options, then the path: both said before torch loads
+    if not checkpoint.exists():
+        raise UserError(f"{checkpoint}: no such checkpoint or run directory")
+    from trainforge.compression.pipeline import compress  # heavy (torch): the CLI starts fast without it
+
     # each message one line (soft_wrap: never broken at the terminal's width), shown as written (no markup)
     doc = compress(checkpoint, out_dir, options,
                    log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False, soft_wrap=True))

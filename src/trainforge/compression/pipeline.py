@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import gc
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -33,11 +32,12 @@ from trainforge.compression.artifact import FILE_NAMES, artifact_meta
 from trainforge.compression.distill import distillation_loss
 from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import PruneResult, PruningUnsupported, count, prune_model
-from trainforge.compression.quantize import INT8_METHODS, choose_method, quantize_onnx
-from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, mark
+from trainforge.compression.quantize import choose_method, quantize_onnx
+from trainforge.compression.options import CompressOptions  # noqa: F401  (compress takes one)
+from trainforge.compression.recommend import mark
 from trainforge.compression.render import report_section
 from trainforge.compression.torchao_quant import torchao_variant
-from trainforge.config import MAX_EPOCHS, config_from_dict
+from trainforge.config import config_from_dict
 from trainforge.data import build_data
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
@@ -48,60 +48,7 @@ from trainforge.training.artifacts import load_trained
 from trainforge.training.loop import FitHooks
 from trainforge.layout import COMPRESSED, COMPRESS_RECORD, CONFIG, METRICS
 
-QUANTIZE = ("int8", "none", "torchao-int8", "torchao-float8")
-EXPORTS = ("onnx",)
 TEMP_SUFFIXES = (".export.onnx", ".prep.onnx", ".q.onnx")  # left by a crash mid-export or mid-quantization
-MAX_THREADS = 1024  # onnxruntime threads while timing
-MAX_BENCH_S = 3600.0  # timing budget per variant and batch size: seconds give stable numbers, an hour is plenty
-MAX_CALIBRATION_SAMPLES = 1_000_000
-
-
-@dataclass
-class CompressOptions:
-    prune: float = 0.0  # fraction of each prunable width to remove; 0 = no pruning
-    finetune_epochs: int = 3  # after pruning; 0 = none
-    finetune_lr_scale: float = 0.5  # fine-tuning peak LR = the recipe's optim.lr x this
-    distill: bool = False
-    temperature: float = 4.0
-    alpha: float = 0.5  # weight of the distillation term
-    quantize: str = "int8"
-    int8_method: str = "auto"  # auto | dynamic | static
-    export: str = "onnx"
-    threads: int = 1  # onnxruntime intra-op threads while timing
-    calibration_samples: int = 256  # train-split samples for static int8
-    bench_s: float = 1.0  # timing budget per variant and batch size
-    device: Optional[str] = None  # torchao variants: cuda when present, else cpu
-    progress: bool = True
-    verify: bool = True  # check CHECKPOINT's files against their SHA-256 manifest (--no-verify: False)
-    accuracy_tolerance_pt: float = ACCURACY_TOLERANCE_PT  # a variant losing more is never recommended
-
-    def check(self) -> None:
-        if not 0.0 <= self.prune < 1.0:
-            raise UserError(f"--prune: expected a fraction in [0, 1) of channels to remove (e.g. 0.5), got {self.prune}")
-        if not 0 <= self.finetune_epochs <= MAX_EPOCHS:
-            raise UserError(f"--finetune-epochs: expected 0 to {MAX_EPOCHS}, got {self.finetune_epochs}")
-        if self.distill and (self.prune == 0.0 or self.finetune_epochs == 0):
-            raise UserError("--distill trains the pruned model from the original: add --prune R and --finetune-epochs E > 0")
-        if self.quantize not in QUANTIZE:
-            raise UserError(f"--quantize: expected one of {', '.join(QUANTIZE)}, got {self.quantize!r}")
-        if self.export not in EXPORTS:
-            raise UserError(f"--export: expected one of {', '.join(EXPORTS)}, got {self.export!r}")
-        if self.int8_method != "auto":
-            INT8_METHODS.get(self.int8_method)
-        if not 1 <= self.threads <= MAX_THREADS:
-            raise UserError(f"--threads: expected 1 to {MAX_THREADS}, got {self.threads}")
-        if not (math.isfinite(self.temperature) and self.temperature > 0) or not 0.0 <= self.alpha <= 1.0:
-            raise UserError(f"--temperature must be a finite number > 0 and --alpha in [0, 1], got {self.temperature} "
-                            f"and {self.alpha}")
-        if not (math.isfinite(self.bench_s) and 0 < self.bench_s <= MAX_BENCH_S):  # -1 or nan: no timing at all
-            raise UserError(f"--bench-seconds: expected seconds in (0, {MAX_BENCH_S:.0f}] per variant and batch size "
-                            f"(e.g. 1.0), got {self.bench_s}")
-        if not 1 <= self.calibration_samples <= MAX_CALIBRATION_SAMPLES:
-            raise UserError(f"--calibration-samples: expected 1 to {MAX_CALIBRATION_SAMPLES} train-split samples, got "
-                            f"{self.calibration_samples}")
-        if not 0.0 <= self.accuracy_tolerance_pt <= 100.0:
-            raise UserError(f"--accuracy-tolerance: expected points of accuracy in [0, 100] (e.g. 1.0), "
-                            f"got {self.accuracy_tolerance_pt}")
 
 
 @dataclass
@@ -271,7 +218,7 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
     """Train the pruned model through the normal loop (resumable, checkpointed, reported) in `run_dir`."""
     d = cfg.model_dump(mode="json")
     d["name"] = f"{cfg.name}-pruned"
-    d["model"]["pruned"] = True
+    d["stage"]["pruned"] = True
     d["train"].update(epochs=options.finetune_epochs, max_steps=None)
     d["optim"]["lr"] = cfg.optim.lr * options.finetune_lr_scale
     d["log"]["progress"] = options.progress

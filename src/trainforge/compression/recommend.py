@@ -4,7 +4,7 @@
     rec.name     # "int8"
     rec.reason   # "int8: fastest at batch 32 (1.080 ms, 1.60x fp32) of the variants within 1 accuracy point of fp32"
 
-The rule (DESIGN.md, `compress --json`): among the ONNX variants whose accuracy is within `tolerance_pt`
+The rule (docs/architecture.md, "Contracts", `compress --json`): among the ONNX variants whose accuracy is within `tolerance_pt`
 points of fp32's (language models: perplexity at most `tolerance_pt` percent above fp32's), the one with the
 lowest median latency at batch 32; equal latencies go to the smaller file, then to the earlier row. fp32 is
 always eligible, so a compressed variant is recommended only when it is at least as fast as fp32 on the machine

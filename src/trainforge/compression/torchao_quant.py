@@ -20,6 +20,7 @@ from torch import nn
 
 from trainforge.compression.bench import batch_latencies, variant_row
 from trainforge.errors import UserError
+from trainforge.hardware.device import resolve_device
 
 CONFIGS = {"torchao-int8": "Int8WeightOnlyConfig", "torchao-float8": "Float8WeightOnlyConfig"}  # torchao.quantization
 
@@ -40,7 +41,7 @@ def quantize_linear_weights(model: nn.Module, kind: str, device: torch.device) -
 def torchao_variant(model: nn.Module, kind: str, test: Any, reference: np.ndarray, out_dir: Path, params: int,
                     flops: int, task: str, bench_s: float, device: Optional[str] = None) -> dict[str, Any]:
     """One row of the compression table for the torchao-quantized model (`reference`: fp32 test logits)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device or "auto")
     quantized = quantize_linear_weights(model, kind, dev)
     path = out_dir / f"{kind}.pt"
     torch.save(quantized.state_dict(), path)

@@ -89,15 +89,10 @@ def distributed(device_spec: str) -> Iterator[tuple[DistEnv, torch.device]]:
     if world_size == 1:
         yield DistEnv(), resolve_device(device_spec)
         return
-    kind = device_spec.split(":", 1)[0]
-    if kind in ("auto", "cuda") and torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    device = resolve_device(device_spec, local_rank=local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend = "nccl"
-    elif kind in ("auto", "cpu"):
-        device, backend = torch.device("cpu"), "gloo"
-    else:
-        raise UserError(f"train.device: {device_spec!r} is not supported in a distributed run; use auto, cuda or cpu")
     owns_group = not dist.is_initialized()
     if owns_group:
         os.environ.setdefault("RANK", str(rank))

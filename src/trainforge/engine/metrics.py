@@ -8,7 +8,7 @@
     log.close()
     rows = read_metrics(run.metrics)
 
-Row names are a stable contract (DESIGN.md §1). Train rows: split, step, epoch, loss, lr,
+Row names are a stable contract (docs/architecture.md, "Contracts"; tests, the dashboard, tune and calibration read them). Train rows: split, step, epoch, loss, lr,
 samples_per_s, step_time_s, data_wait_frac, peak_mem_bytes, grad_norm. Val rows: split, step,
 epoch, loss and accuracy + macro_f1 (classification) or perplexity (lm).
 """
@@ -29,6 +29,14 @@ from trainforge.files import write_text_atomic
 from trainforge.hardware.device import peak_memory_bytes, synchronize
 # json_safe and read_metrics live below training (report and console read the file too); re-exported
 from trainforge.metrics_file import json_safe, read_metrics  # noqa: F401
+
+REPORTED = {"classification": ("loss", "accuracy", "macro_f1"), "lm": ("loss", "perplexity")}  # per task
+
+
+def check_metric(name: str, task: str, field: str) -> None:
+    """`name` is a metric evaluation reports for `task`, else UserError naming `field`."""
+    if name not in REPORTED[task]:
+        raise UserError(f"{field}: {name!r} is not reported for {task}; choose one of {', '.join(REPORTED[task])}")
 
 # exp(709.78) is the largest finite float64; beyond it perplexity is reported as inf.
 _MAX_EXP_ARG = math.log(np.finfo(np.float64).max)

@@ -3,7 +3,9 @@
     model = apply_activation_checkpointing(model)          # 1. recompute each block in backward
     model = apply_fsdp(model, mesh, param_dtype=torch.bfloat16)   # 2. shard each block, then the root
 
-Order matters (DESIGN.md principle 4): activation checkpointing -> compile -> FSDP/DDP.
+Order matters: activation checkpointing -> FSDP/DDP -> compile (`training.strategy.Strategy.wrap`): checkpointing
+wraps the blocks before they are sharded, and compile sees the whole parallel step, DDP's bucketed all-reduce and
+FSDP's gathers included (compiling first and wrapping the compiled module would hide the blocks from both).
 
 Both find the model's *repeated blocks* with one rule (`find_blocks`): a child of an
 `nn.ModuleList` or `nn.Sequential` that has children of its own and whose class occurs at least

@@ -55,8 +55,18 @@ ACCELERATORS: dict[str, Accelerator] = {
 }
 
 
-def resolve_device(spec: str = "auto") -> torch.device:
-    """`auto` picks the best accelerator present, else the CPU; `cuda:1` etc. are checked to exist."""
+def resolve_device(spec: str = "auto", *, local_rank: Optional[int] = None, present: bool = True) -> torch.device:
+    """THE decision of the device a process computes on, from `train.device` (auto | cpu | cuda[:i] | mps | ...): a
+    run, a process of a group, evaluation, generation, calibration and the job admission all take it from here.
+
+    `auto` picks the best accelerator present, else the CPU; `cuda:1` etc. are checked to exist. `local_rank`: a
+    process of a group on this node (torchrun): its own GPU, cuda:<local_rank>, or the CPU (auto, cuda, cpu only).
+    `present=False`: a device of that kind that another process will have (the admission sizes a job for a GPU
+    slot), named without being looked for here."""
+    if not present:
+        return torch.device(spec.partition(":")[0] if spec != "auto" else "cuda")
+    if local_rank is not None:
+        return _group_device(spec, local_rank)
     if spec == "auto":
         for acc in ACCELERATORS.values():
             if acc.available():
@@ -72,6 +82,20 @@ def resolve_device(spec: str = "auto") -> torch.device:
     if idx >= max(acc.count(), 1):
         raise UserError(f"train.device: {spec!r} does not exist ({acc.count()} {kind} device(s)); pick an index below that")
     return torch.device(kind, idx) if kind != "mps" else torch.device("mps")
+
+
+def _group_device(spec: str, local_rank: int) -> torch.device:
+    kind = spec.split(":", 1)[0]
+    if kind in ("auto", "cuda") and ACCELERATORS["cuda"].available():
+        return torch.device("cuda", local_rank)
+    if kind in ("auto", "cpu"):
+        return torch.device("cpu")
+    raise UserError(f"train.device: {spec!r} is not supported in a distributed run; use auto, cuda or cpu")
+
+
+def gpu_count() -> int:
+    """The CUDA GPUs this process sees (CUDA_VISIBLE_DEVICES applied): what parallel trials are placed on."""
+    return ACCELERATORS["cuda"].count()
 
 
 def synchronize(device: torch.device) -> None:

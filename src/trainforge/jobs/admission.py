@@ -36,24 +36,19 @@ from urllib.parse import urlparse
 
 from trainforge.config import (Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml,
                                set_dotted)
-import torch
-
-from trainforge.data import build_data
-from trainforge.data.loader import epoch_samples
-from trainforge.data.base import DataBundle
 from trainforge.confine import confine, named_paths
 from trainforge.engine.env import DistEnv
+from trainforge.engine.preflight import DataFacts, preflight
 from trainforge.errors import UserError, public_message, quote
+from trainforge.hardware.device import resolve_device
 from trainforge.jobs.environment import ALLOW_FLAG, uri_allowed
 from trainforge.jobs.pretrained import confine_pretrained
 from trainforge.jobs.scheduler import never_fits
 from trainforge.jobs.slots import Slot
-from trainforge.models import build_model, is_convolutional
 from trainforge.planning.auto import MemoryBudget
 from trainforge.planning.plan import quantize_kind, weights_floor_bytes
 from trainforge.training.api import check_names
-from trainforge.engine.optim import freeze
-from trainforge.training.setup import DataFacts, RunSetup, resolve
+from trainforge.training.setup import RunSetup, resolve
 
 
 @dataclass(frozen=True)
@@ -151,23 +146,19 @@ def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitt
     if global_batch % num_gpus:
         raise UserError(f"--gpus: train.global_batch_size ({global_batch}) does not divide over {num_gpus} GPUs; "
                         "change one of them", public=True)
-    try:
-        data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # shapes and sizes: nothing decoded
-        with torch.device("meta"):  # no memory, no weights read
-            model = build_model(cfg.model, data.info)[0]
-        if cfg.train.freeze:
-            freeze(model, cfg.train.freeze)  # as training and the simulation freeze it: same patterns, same errors
+    try:  # the run's own pre-flight: shapes and sizes (nothing decoded), the model on the meta device, no weights
+        pre = preflight(cfg, world_size=num_gpus, fit_stats=False, on_meta=True)
     except UserError as e:
         raise UserError(str(e), public=public_message(e)) from None
     # the weights alone, a lower bound of the simulated peak: a model too big for every slot is refused before the
     # simulation (seconds for a deep model) runs, and nothing the simulation would admit is refused here
-    floor = weights_floor_bytes(model, shards=num_gpus, frozen_stored=quantize_kind(cfg) == "none")
+    floor = weights_floor_bytes(pre.model, shards=num_gpus, frozen_stored=quantize_kind(cfg) == "none")
     reason = never_fits(capacity, int(floor), num_gpus, what="for its weights alone",
                         fix="use a smaller model")
     if reason:
         raise UserError(f"{cfg.name}: {reason}", public=True)
     try:
-        setup = job_setup(cfg, num_gpus, slots[0].kind, max(capacity.values()), data, is_convolutional(model))
+        setup = job_setup(cfg, num_gpus, slots[0].kind, max(capacity.values()), pre.facts)
     except UserError as e:
         raise UserError(str(e), public=public_message(e)) from None
     need = setup.predicted_peak_bytes
@@ -179,12 +170,10 @@ def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitt
     return Admitted(cfg.name, cfg.to_yaml(), need, setup.total_steps, setup.micro_batch_size)
 
 
-def job_setup(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, data: DataBundle,
-              convolutional: bool) -> RunSetup:
+def job_setup(cfg: Config, num_gpus: int, slot_kind: str, largest_slot_bytes: int, facts: DataFacts) -> RunSetup:
     """The setup the job will resolve on `num_gpus` slots of a kind, resolved here by the same function, with the
     largest slot as the budget of `auto` and the predicted peak per device (the reservation) always computed."""
-    device = torch.device("cuda" if slot_kind == "gpu" else "cpu")
-    facts = DataFacts(data.info, epoch_samples(data.train, num_gpus), convolutional)
+    device = resolve_device("cpu" if slot_kind == "cpu" else "cuda", present=False)  # the slot's, not this process's
     budget = MemoryBudget(largest_slot_bytes, f"the largest {slot_kind} slot")
     # the slot's GPU model is not known here: bf16 is assumed, and fp16 costs the same memory
     return resolve(cfg, DistEnv(world_size=num_gpus), device, facts, budget=budget, bf16_supported=True, predict=True)

@@ -55,15 +55,11 @@ def check_run(cfg: Config, *, nproc_per_node: int, nnodes: str) -> None:
     """Refuse, before any worker starts, what every worker would refuse at its start: the batch geometry and
     the strategy at each world size the node range allows, the data, the model and its arguments.
 
-    The model is built on the meta device (no memory, no weights); a custom model (the user's own code, which
-    may not run there) that fails on it is built again on the CPU before it is refused."""
+    The rest is the run's own pre-flight (engine.preflight), the model on the meta device (no memory, no weights;
+    a custom model, the user's own code, that cannot run there is built on the CPU)."""
     # heavy (torch): cli.py imports this module at start
-    import torch
-
-    from trainforge.data import build_data
     from trainforge.engine.env import DistEnv, resolve_strategy
-    from trainforge.models import build_model
-    from trainforge.training.evaluate import check_metric
+    from trainforge.engine.preflight import preflight
 
     tc = cfg.train
     counts = node_counts(nnodes)
@@ -80,18 +76,7 @@ def check_run(cfg: Config, *, nproc_per_node: int, nnodes: str) -> None:
                 raise
             raise UserError(f"{e} (at {nodes} node{'s' if nodes > 1 else ''} x {nproc_per_node} processes, "
                             f"which --nnodes {nnodes} allows)") from None
-    data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # the workers fit the statistics
-    if tc.early_stopping is not None:
-        check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
-    try:
-        with torch.device("meta"):
-            build_model(cfg.model, data.info)
-    except UserError:
-        if cfg.model.name != "custom":
-            raise
-        build_model(cfg.model, data.info)  # the user's own code may not run on the meta device: for real, on the CPU
-    except Exception:  # noqa: BLE001 - not a verdict on the user's input: the workers build it for real
-        pass
+    preflight(cfg, fit_stats=False, on_meta=True)  # the workers fit the statistics
 
 
 def torchrun_args(

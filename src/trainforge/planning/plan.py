@@ -29,12 +29,12 @@ import torch
 from torch import nn
 
 from trainforge.config import Config
-from trainforge.data import build_data
 from trainforge.data.base import DataInfo
 from trainforge.data.loader import steps_per_epoch
 from trainforge.engine.parallelize import find_blocks
 from trainforge.errors import UserError
 from trainforge.hardware.catalog import Catalog, GPUSpec, Price, load_catalog
+from trainforge.hardware.device import resolve_device
 from trainforge.models import build_model, is_convolutional
 from trainforge.models.quantize_base import base_bytes_per_param
 from trainforge.planning.calibration_store import load_calibration
@@ -50,6 +50,7 @@ from trainforge.planning.simulate import Simulation, simulate_step
 from trainforge.engine.microbatch import batch_geometry
 from trainforge.engine.optim import freeze
 from trainforge.engine.precision import resolve_precision
+from trainforge.engine.preflight import preflight
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 HOPPER_OR_NEWER = ("h100", "h200", "b200", "gh200")
@@ -90,10 +91,12 @@ class Planner:
 
     def __init__(self, cfg: Config, info: Optional[DataInfo] = None, steps: Optional[int] = None, *,
                  quantize: Optional[str] = None, unquantized: Optional["Planner"] = None) -> None:
-        if info is None or steps is None:
-            data = build_data(cfg.data, seed=cfg.seed, fit_stats=False)  # shapes and sizes: nothing decoded
-            info = data.info
-            steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(data.train), cfg.train.global_batch_size)
+        model = None
+        if info is None or steps is None:  # the run's own pre-flight: shapes and sizes, nothing decoded, no weights
+            pre = preflight(cfg, fit_stats=False, on_meta=True)
+            info, model = pre.data.info, pre.model
+            steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(pre.data.train),
+                                                                              cfg.train.global_batch_size)
         self.cfg, self.info, self.steps = cfg, info, steps
         kind = quantize or quantize_kind(cfg)
         self.method = "full" if cfg.model.lora is None else ("lora" if kind == "none" else "qlora")
@@ -102,7 +105,7 @@ class Planner:
         self.quantization: Optional[BaseQuantization] = None
         self.unquantized: Optional[Planner] = None
         if self.method != "qlora":
-            self.facts = model_facts(cfg, info)
+            self.facts = model_facts(cfg, info, model)
             self.cache = SimCache(self._simulate)
             return
         base = unquantized or Planner(with_model(cfg, quantize_base="none"), info, steps)
@@ -271,14 +274,12 @@ def quantize_kind(cfg: Config) -> str:
     """`model.quantize_base` (nf4 | int8 | none) of a LoRA recipe; none without adapters."""
     if cfg.model.lora is None:
         return "none"
-    return getattr(cfg.model, "quantize_base", None) or "none"
+    return cfg.model.quantize_base
 
 
 def with_model(cfg: Config, **changes) -> Config:
-    """`cfg` with `model` fields changed; a field this ModelConfig does not have yet (`quantize_base`) is left out."""
-    fields = type(cfg.model).model_fields
-    model = cfg.model.model_copy(update={k: v for k, v in changes.items() if k in fields})
-    return cfg.model_copy(update={"model": model})
+    """`cfg` with these `model` fields changed (e.g. quantize_base="none": the same LoRA recipe without QLoRA)."""
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update=changes)})
 
 
 def base_quantization(facts: ModelFacts, kind: str) -> BaseQuantization:
@@ -294,8 +295,8 @@ def own_step(planner: Planner, simulations_run: Optional[int] = None) -> StepSim
     cfg, global_batch = planner.cfg, planner.cfg.train.global_batch_size
     micro = (batch_geometry(global_batch, cfg.train.micro_batch_size).micro_batch_size  # an upper bound, as in training
              if isinstance(cfg.train.micro_batch_size, int) else 1)
-    precision = memory_class(cfg.train.precision)
-    own = planner.cache.get(SimKey("none", 1, cfg.distributed.activation_checkpointing, precision), micro)
+    precision = memory_class(own_precision(cfg))
+    own = planner.cache.get(SimKey("none", 1, cfg.train.activation_checkpointing, precision), micro)
     return StepSimulation(
         micro_batch_size=micro,
         precision=precision,
@@ -329,6 +330,14 @@ def plan_local_step(
     return candidate
 
 
+def own_precision(cfg: Config) -> str:
+    """The precision the recipe's own step runs at, resolved as training resolves it on the recipe's device: fp32
+    for a CPU run (`auto` included), else as on a GPU with bf16 (the catalog's candidates are each resolved by
+    `spec_precision`)."""
+    device = resolve_device(cfg.train.device, present=False)
+    return resolve_precision(cfg.train.precision, device.type, bf16_supported=True)[0]
+
+
 def spec_precision(requested: str, spec: GPUSpec) -> str:
     """The precision a run of `requested` gets on `spec`, decided as training decides it (`auto` and `bf16`
     become fp16 on GPUs without bf16: V100, T4)."""
@@ -336,11 +345,14 @@ def spec_precision(requested: str, spec: GPUSpec) -> str:
     return resolve_precision(requested, device_type, bf16_supported=spec.peak_flops.get("bf16") is not None)[0]
 
 
-def model_facts(cfg: Config, info: DataInfo) -> ModelFacts:
-    with torch.device("meta"):
-        model, _ = build_model(cfg.model, info)
-    if cfg.train.freeze:
-        freeze(model, cfg.train.freeze)
+def model_facts(cfg: Config, info: DataInfo, model: Optional[nn.Module] = None) -> ModelFacts:
+    """What the simulation's corrections need of the model: `model` as the pre-flight built it (on the meta device,
+    train.freeze applied), or built here so."""
+    if model is None:
+        with torch.device("meta"):
+            model, _ = build_model(cfg.model, info)
+        if cfg.train.freeze:
+            freeze(model, cfg.train.freeze)
     attention = any("attention" in type(m).__name__.lower() for m in model.modules())
     conv = is_convolutional(model)
     family = "transformer" if attention else ("conv" if conv else "other")

@@ -1,5 +1,5 @@
 """The planner's typed result: `Plan` (the recipe's simulated step, the candidates, the recommendation) and
-`Candidate` (one GPU type x count). `Plan.to_json()` is the `plan --json` document of DESIGN.md, key for key
+`Candidate` (one GPU type x count). `Plan.to_json()` is the `plan --json` document of docs/architecture.md ("Contracts"), key for key
 and in the same order; consumers (render, calibrate, the Python API) read attributes, not string keys.
 
 A candidate that does not fit carries only gpu, num_gpus, precision, method, fits=False and the reason, in JSON
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-# the keys of a fitting candidate's JSON, in order (DESIGN.md names the contract subset; the rest are extras)
+# the keys of a fitting candidate's JSON, in order (docs/architecture.md, "Contracts", names the contract subset; the rest are extras)
 FIT_KEYS = (
     "gpu", "num_gpus", "precision", "method", "fits", "strategy", "activation_checkpointing", "micro_batch_size",
     "accumulation", "peak_bytes_per_gpu", "simulated_peak_bytes_per_gpu", "corrections_bytes", "memory_bytes",

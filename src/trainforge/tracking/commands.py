@@ -11,7 +11,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from trainforge.config import MlflowConfig
+from trainforge.config import MlflowConfig, migrate_keys
 from trainforge.console import out, print_json
 from trainforge.errors import UserError
 from trainforge.report.commands import runs_group
@@ -37,9 +37,9 @@ def sync(
     Continues the run's MLflow run when it has one (<run>/mlflow.json), so nothing is uploaded twice."""
     from trainforge.tracking.mlflow_run import sync_run_dir  # MLflow is imported only there
 
-    settings, runs_root = _run_settings(run_dir)
+    settings, runs_root, parent = _run_settings(run_dir)
     changes = {k: v for k, v in {"experiment": experiment, "register_model": register_model}.items() if v is not None}
-    result = sync_run_dir(run_dir, settings.model_copy(update=changes), runs_root, tracking_uri)
+    result = sync_run_dir(run_dir, settings.model_copy(update=changes), runs_root, tracking_uri, parent)
     if as_json:
         print_json(result)
         return
@@ -53,17 +53,20 @@ def sync(
     out.print(table)
 
 
-def _run_settings(run_dir: Path) -> tuple[MlflowConfig, Path]:
-    """The run's log.mlflow (defaults when it had none) and log.runs_root, from its config.yaml."""
+def _run_settings(run_dir: Path) -> tuple[MlflowConfig, Path, Optional[str]]:
+    """The run's log.mlflow (defaults when it had none), log.runs_root and the tuning study's MLflow run it is a
+    trial of (stage.mlflow_parent_run_id), from its config.yaml (keys that moved read at their new place)."""
     try:
         doc = yaml.safe_load((run_dir / CONFIG).read_text())
     except FileNotFoundError:
         raise UserError(f"RUN_DIR: {run_dir} is not a run directory (no config.yaml)") from None
     except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"RUN_DIR: {run_dir / 'config.yaml'} is not readable ({e})") from None
-    log = (doc or {}).get("log") or {} if isinstance(doc, dict) else {}
+        raise UserError(f"RUN_DIR: {run_dir / CONFIG} is not readable ({e})") from None
+    doc = migrate_keys(doc) if isinstance(doc, dict) else {}
+    log = doc.get("log") or {}
     try:
         settings = MlflowConfig.model_validate(log.get("mlflow") or {})
     except ValueError:
         settings = MlflowConfig()
-    return settings, Path(str(log.get("runs_root") or "runs"))
+    parent = (doc.get("stage") or {}).get("mlflow_parent_run_id")
+    return settings, Path(str(log.get("runs_root") or "runs")), parent if isinstance(parent, str) else None

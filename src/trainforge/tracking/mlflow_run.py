@@ -222,7 +222,9 @@ class SyncState:
 class RunTracker:
     """One run directory's MLflow run (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None) -> None:
+    def __init__(self, run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None,
+                 parent_run_id: Optional[str] = None) -> None:
+        self.parent_run_id = parent_run_id  # a tuning study's run (stage.mlflow_parent_run_id): this run its child
         self.run_dir, self.settings = Path(run_dir), settings
         self.uri = tracking_uri(settings, runs_root, recorded_uri(self.run_dir), uri)
         self.state = SyncState.read(self.run_dir, self.uri)
@@ -293,8 +295,8 @@ class RunTracker:
         else:
             experiment_id = experiment.experiment_id
         tags = {"trainforge.run_dir": str(self.run_dir.resolve()), "mlflow.source.name": "trainforge"}
-        if self.settings.parent_run_id:
-            tags["mlflow.parentRunId"] = self.settings.parent_run_id
+        if self.parent_run_id:
+            tags["mlflow.parentRunId"] = self.parent_run_id
         run = client.create_run(experiment_id, run_name=self.run_dir.name, tags=tags)
         self.state = SyncState(self.uri, run_id=run.info.run_id, experiment_id=experiment_id)
 
@@ -302,7 +304,7 @@ class RunTracker:
         try:
             doc = yaml.safe_load((self.run_dir / CONFIG).read_text())
         except (OSError, yaml.YAMLError) as e:
-            raise UserError(f"{self.run_dir / 'config.yaml'}: not readable ({e}); is this a run directory?") from None
+            raise UserError(f"{self.run_dir / CONFIG}: not readable ({e}); is this a run directory?") from None
         return doc if isinstance(doc, dict) else {}
 
     def _log_params(self, client: Any) -> None:
@@ -474,14 +476,15 @@ def warn_failed(tracker: RunTracker, why: str) -> None:
 
 
 @contextlib.contextmanager
-def follow(run_dir: Path, settings: Optional[MlflowConfig], runs_root: Path) -> Iterator[Optional[Following]]:
+def follow(run_dir: Path, settings: Optional[MlflowConfig], runs_root: Path,
+           parent_run_id: Optional[str] = None) -> Iterator[Optional[Following]]:
     """Follow a run into MLflow while it trains (rank 0 only; nothing when `settings` is None). An exception out of
     the block ends the MLflow run as FAILED; the block calls `finish(status)` itself when the run ends."""
     if settings is None:
         yield None
         return
     require_mlflow()
-    following = Following(RunTracker(run_dir, settings, runs_root))
+    following = Following(RunTracker(run_dir, settings, runs_root, parent_run_id=parent_run_id))
     following.thread.start()
     try:
         yield following
@@ -502,7 +505,7 @@ class MlflowObserver:
             require_mlflow()
 
     def follow(self, run_dir: Path, cfg: Any) -> contextlib.AbstractContextManager[Optional[Following]]:
-        return follow(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))
+        return follow(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root), cfg.stage.mlflow_parent_run_id)
 
 
 def tracked(hooks: Any = None) -> Any:
@@ -514,13 +517,14 @@ def tracked(hooks: Any = None) -> Any:
     return hooks if hooks.observer is not None else replace(hooks, observer=MlflowObserver())
 
 
-def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None) -> dict[str, Any]:
+def sync_run_dir(run_dir: Path, settings: MlflowConfig, runs_root: Path, uri: Optional[str] = None,
+                 parent_run_id: Optional[str] = None) -> dict[str, Any]:
     """`trainforge runs sync`: upload a finished or stopped run from its directory (JSON-able summary); `uri`: to this
     tracking URI rather than the one `tracking_uri` chooses."""
     if not (run_dir / CONFIG).is_file():
         raise UserError(f"RUN_DIR: {run_dir} is not a run directory (no config.yaml)")
     require_mlflow()
-    tracker = RunTracker(run_dir, settings, runs_root, uri)
+    tracker = RunTracker(run_dir, settings, runs_root, uri, parent_run_id)
     status = "FINISHED" if (run_dir / FINAL / META).is_file() else "KILLED"
     try:
         state = tracker.sync(status)

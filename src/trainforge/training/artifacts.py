@@ -67,7 +67,7 @@ class Trained:
     def build_model(self) -> nn.Module:
         model, _ = build_model(self.config.model, self.info)
         check_base(self.base, model, str(self.source))
-        if self.config.model.pruned:
+        if self.config.stage.pruned:
             resize_to_weights(model, self.weights)
         load_model_weights(model, self.weights)
         return model

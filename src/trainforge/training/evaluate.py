@@ -19,18 +19,10 @@ from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained
 from trainforge.engine.losses import task_loss
-from trainforge.engine.metrics import classification_metrics, lm_metrics
+from trainforge.engine.metrics import REPORTED, check_metric, classification_metrics, lm_metrics  # noqa: F401
 from trainforge.engine.precision import autocast, resolve_precision
 
 SPLITS = ("train", "val", "test")
-REPORTED = {"classification": ("loss", "accuracy", "macro_f1"), "lm": ("loss", "perplexity")}  # per task
-
-
-def check_metric(name: str, task: str, field: str) -> None:
-    if name not in REPORTED[task]:
-        raise UserError(f"{field}: {name!r} is not reported for {task}; choose one of {', '.join(REPORTED[task])}")
-
-
 @torch.no_grad()
 def evaluate_model(
     model: nn.Module,

@@ -23,7 +23,6 @@ present, else the CPU; fp32 weights throughout.
 """
 from __future__ import annotations
 
-import math
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -39,11 +38,8 @@ from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import Trained, load_trained
 from trainforge.layout import SAMPLES
+from trainforge.training.sampling import MAX_NEW_TOKENS, SEED, TEMPERATURE, TOP_P, check_settings  # noqa: F401
 
-MAX_NEW_TOKENS = 256
-TEMPERATURE = 0.7
-TOP_P = 0.9
-SEED = 0
 MODELS = ("hf", "gpt")  # model.name values generate supports
 
 
@@ -131,16 +127,18 @@ class Generator:
                               source=self.source, token_ids=new, notes=notes)
 
 
-def load_generator(path: str | Path, verify: bool = True) -> Generator:
-    device = resolve_device("auto")
+def load_generator(path: str | Path, verify: bool = True, device: Optional[str] = None) -> Generator:
+    """`device`: train.device's values (default: the run's own train.device; `auto` for a transformers folder)."""
     if is_transformers_folder(path):  # final/hf (or any save_pretrained folder): transformers alone, no base needed
         model, preprocess, name, source = load_transformers_folder(Path(path), verify)
-        vocab = None
+        vocab, run_device = None, "auto"
     else:
         trained = load_trained(path, verify=verify)
         check_causal_lm(trained)
         model, preprocess = trained.build_model(), trained.preprocess
         name, source, vocab = trained.config.model.name, str(trained.source), trained.info.vocab_size
+        run_device = trained.config.train.device
+    device = resolve_device(device or run_device)
     codec = codec_for(preprocess)
     return Generator(model.to(device).eval(), codec, name, source, codec.vocab_size or vocab, device)
 
@@ -183,17 +181,6 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
     with no_progress_bars():
         lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     return HFModel(lm, pad_token_id=None, images=False, causal=True), {"tokenizer_files": tokenizer_files}, "hf", str(path)
-
-
-def check_settings(*, max_new_tokens: int, temperature: float, top_p: float, seed: int) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens: must be at least 1, got {max_new_tokens!r}")
-    if not (temperature >= 0 and math.isfinite(temperature)):  # NaN too; inf would sample uniformly, not from the model
-        raise UserError(f"--temperature: must be >= 0 and finite (0 = greedy, no sampling), got {temperature!r}")
-    if not 0 < top_p <= 1:
-        raise UserError(f"--top-p: must be in (0, 1] (1 = no nucleus cut), got {top_p!r}")
-    if not isinstance(seed, int) or seed < 0:
-        raise UserError(f"--seed: must be a non-negative integer, got {seed!r}")
 
 
 def check_causal_lm(trained: Trained) -> None:

@@ -35,31 +35,30 @@ from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.loader import TrainBatches, make_eval_loader
 from trainforge.data.summary import runtime_line
 from trainforge.data.tokenizer import save_tokenizer
-from trainforge.engine.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
-from trainforge.errors import JobFailed
-from trainforge.files import write_text_atomic
-from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
-from trainforge.models import build_model
-from trainforge.models.lora import base_reference
-from trainforge.report import write_report
-from trainforge.training.artifacts import info_to_dict, save_final_model
 from trainforge.engine.checkpoint import kept_weights, load_model_weights
+from trainforge.engine.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.engine.early_stop import EarlyStopper
 from trainforge.engine.ema import EMA
-from trainforge.training.evaluate import evaluate_model
-from trainforge.training.generate import SAMPLES_FILE, answer_prompts, val_prompts
 from trainforge.engine.losses import task_loss
 from trainforge.engine.metrics import MetricsLog, NullLog, Window, truncate_metrics
 from trainforge.engine.optim import build_optimizer, set_lr
 from trainforge.engine.precision import autocast, make_scaler
+from trainforge.engine.preflight import DataFacts
 from trainforge.engine.progress import TrainProgress, announce_line
 from trainforge.engine.rng import get_rng_state, seed_everything
 from trainforge.engine.schedule import lr_at
-from trainforge.training.setup import DataFacts, OOMNote, RunSetup, resolve
 from trainforge.engine.signals import StopFlag
+from trainforge.errors import JobFailed
+from trainforge.files import write_text_atomic
+from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
+from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, SAMPLES, TENSORBOARD
+from trainforge.models.lora import base_reference
+from trainforge.report import write_report
+from trainforge.training.artifacts import info_to_dict, save_final_model
+from trainforge.training.evaluate import evaluate_model
+from trainforge.training.setup import OOMNote, RunSetup
 from trainforge.training.state import RunFacts, TrainState
 from trainforge.training.strategy import STRATEGIES, Strategy
-from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, TENSORBOARD
 
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -107,32 +106,37 @@ class TrainResult:
 
 @dataclass
 class RunInputs:
-    """What a run is made of before its first step (`training.run.run` builds it and resolves the setup)."""
+    """What a run is made of before its first step (`training.run.run` builds it and resolves the setup). The loop
+    reads no config: what it needs is in its RunSetup (`setup.loop`) and here."""
 
-    cfg: Config
+    config: Config  # recorded with the final model and in every checkpoint (never read by the loop)
     run_dir: Path
     data: DataBundle
     model: nn.Module  # built on the CPU from the run's seed: the same initial weights on every rank
     facts: DataFacts
     stop: StopFlag
+    reresolve: Callable[[OOMNote], RunSetup]  # the setup again, smaller, after running out of memory
+    rebuild_model: Callable[[DataInfo], nn.Module]  # a fresh model of the same architecture (FSDP's final eval)
     resume_from: Optional[Path] = None  # a checkpoint verified before the setup was resolved
     data_counts: dict[str, Any] = field(default_factory=dict)
+    eval_samples: Optional[Callable[[nn.Module, int], None]] = None  # the run's extra at each evaluation (rank 0)
 
 
 def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) -> TrainResult:
     hooks = hooks or FitHooks()
-    cfg, tc, run_dir, info, stop = inputs.cfg, inputs.cfg.train, inputs.run_dir, inputs.data.info, inputs.stop
+    loop, run_dir, info, stop = setup.loop, inputs.run_dir, inputs.data.info, inputs.stop
     env, device = setup.env, setup.device
+    assert loop is not None, "a RunSetup from training.setup.resolve"
 
     # ================================================================ set up from the RunSetup
     strategy = STRATEGIES.get(setup.strategy)(env, device)
     model = inputs.model.to(device, memory_format=torch.channels_last) if setup.channels_last else inputs.model.to(device)
     step_model = strategy.wrap(model, setup)
     if env.rank:  # each rank its own dropout stream; rank 0 keeps the single-process one
-        seed_everything(cfg.seed + 7919 * env.rank)
-    optimizer = build_optimizer(model, cfg.optim)
-    es = tc.early_stopping
-    state = TrainState(setup, make_scaler(device, setup.precision), ema=EMA(model, tc.ema_decay) if tc.ema_decay else None,
+        seed_everything(loop.seed + 7919 * env.rank)
+    optimizer = build_optimizer(model, loop.optim)
+    es = loop.early_stopping
+    state = TrainState(setup, make_scaler(device, setup.precision), ema=EMA(model, loop.ema_decay) if loop.ema_decay else None,
                        stopper=EarlyStopper(es.metric, es.mode, es.patience, es.min_delta) if es else None)
     if inputs.resume_from is not None:  # weights, optimizer, scaler, EMA, early stopping, counters; the RNG last
         payload, groups = strategy.restore(inputs.resume_from, model, optimizer,
@@ -141,22 +145,22 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
                                            rank=env.rank)
     if env.is_main:
         truncate_metrics(run_dir / METRICS, after_step=state.step)
-        truncate_metrics(run_dir / SAMPLES_FILE, after_step=state.step)  # a chat run's answers, likewise
-    batches = TrainBatches(inputs.data.train, seed=cfg.seed, micro_batch_size=setup.micro_batch_size,
+        truncate_metrics(run_dir / SAMPLES, after_step=state.step)  # a chat run's answers, likewise
+    batches = TrainBatches(inputs.data.train, seed=loop.seed, micro_batch_size=setup.micro_batch_size,
                            global_batch_size=setup.global_batch_size, num_workers=setup.num_workers,
                            pin_memory=setup.pin_memory, rank=env.rank, world_size=env.world_size)
     val_loader = make_eval_loader(inputs.data.val, batch_size=max(setup.micro_batch_size, 64),
                                   num_workers=setup.num_workers, pin_memory=setup.pin_memory)
-    facts = RunFacts(cfg.seed, cfg.to_yaml(), info_to_dict(info), inputs.data.preprocess, base_reference(model))
+    facts = RunFacts(loop.seed, loop.config_yaml, info_to_dict(info), inputs.data.preprocess, base_reference(model))
     # one voice: rank 0 logs and shows progress
-    metrics = (MetricsLog(run_dir / METRICS, run_dir / TENSORBOARD if cfg.log.tensorboard else None)
+    metrics = (MetricsLog(run_dir / METRICS, run_dir / TENSORBOARD if loop.tensorboard else None)
                if env.is_main else NullLog())
-    progress = TrainProgress(setup.total_steps, state.step, enabled=cfg.log.progress and env.is_main, speaks=env.is_main)
+    progress = TrainProgress(setup.total_steps, state.step, enabled=loop.progress and env.is_main, speaks=env.is_main)
     for note in setup.notes:
         progress.log(note)
     if state.step:
         progress.log(f"resumed at step {state.step} of {setup.total_steps} (epoch {state.epoch})")
-    answers = eval_answers(inputs, run_dir, device) if env.is_main else None
+    answers = inputs.eval_samples if env.is_main else None
     window, it = Window(), None
     reset_peak_memory(device)
     model.train()
@@ -167,7 +171,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             epoch, position = divmod(step, setup.steps_per_epoch)
             if it is None or position == 0:
                 it = batches.at(epoch, position)
-            lr = lr_at(step, base_lr=cfg.optim.lr, total_steps=setup.total_steps, cfg=cfg.schedule)
+            lr = lr_at(step, base_lr=loop.optim.lr, total_steps=setup.total_steps, cfg=loop.schedule)
             set_lr(optimizer, lr)
 
             # forward + backward; out of memory on any rank before the communicating backward: every rank
@@ -175,10 +179,10 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             rng_at_step = torch.get_rng_state()
             while True:
                 out = forward_backward(step_model, it, strategy, state, run_dir, step, stop, task=info.task,
-                                       label_smoothing=tc.label_smoothing, loss_fn=hooks.loss)
+                                       label_smoothing=loop.label_smoothing, loss_fn=hooks.loss)
                 if not out.oom:
                     break
-                state.setup = resolve(cfg, env, device, inputs.facts, oom=OOMNote(state.setup.micro_batch_size, step + 1))
+                state.setup = inputs.reresolve(OOMNote(state.setup.micro_batch_size, step + 1))
                 progress.log(f"[yellow]{state.setup.reasons['micro_batch_size']}")
                 optimizer.zero_grad(set_to_none=True)
                 empty_cache(device)
@@ -195,19 +199,19 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             if math.isfinite(out.loss):
                 state.bad_steps_in_row = 0
                 state.scaler.unscale_(optimizer)
-                grad_norm = grad_norm_and_clip(model, tc.grad_clip_norm, measure=(step + 1) % tc.log_every_steps == 0)
+                grad_norm = grad_norm_and_clip(model, loop.grad_clip_norm, measure=(step + 1) % loop.log_every_steps == 0)
                 state.scaler.step(optimizer)
                 state.scaler.update()
                 if state.ema is not None:
                     state.ema.update(model)
                 window.add(out.loss, out.data_wait_s)
             else:
-                skip_step(state, out.loss, step + 1, tc.max_bad_steps, run_dir, progress)
+                skip_step(state, out.loss, step + 1, loop.max_bad_steps, run_dir, progress)
             optimizer.zero_grad(set_to_none=True)
             state.step = done = step + 1
 
             # log a train row
-            if done % tc.log_every_steps == 0 or done == setup.total_steps:
+            if done % loop.log_every_steps == 0 or done == setup.total_steps:
                 row = window.row(device, setup.global_batch_size)
                 row["peak_mem_bytes"] = int(max_over_ranks(env, device, row["peak_mem_bytes"]))
                 row.update(split="train", step=done, epoch=round(done / setup.steps_per_epoch, 4), lr=lr,
@@ -226,7 +230,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             due = (done % setup.checkpoint_every_steps == 0 or done == setup.total_steps) and state.bad_steps_in_row == 0
             if due or stopping or state.status != "completed":
                 payload, groups = state.to_checkpoint(facts, gather_objects(env, get_rng_state()))
-                strategy.save(run_dir / CHECKPOINTS, done, model, optimizer, payload, groups, tc.keep_checkpoints)
+                strategy.save(run_dir / CHECKPOINTS, done, model, optimizer, payload, groups, loop.keep_checkpoints)
             if stopping:
                 state.status = "interrupted"
                 progress.log(f"{stop.signal_name}: checkpoint saved at step {done}; resume with --resume auto")
@@ -240,8 +244,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
     result = TrainResult(run_dir, state.status, state.step, val=state.val, skipped_steps=state.skipped_steps,
                          micro_batch_size=state.setup.micro_batch_size, data=inputs.data_counts, setup=state.setup)
     if state.status not in ("interrupted", "pruned"):
-        rebuild = hooks.build_model or (lambda i: build_model(cfg.model, i)[0])
-        finish(state, model, strategy, inputs, rebuild, result)
+        finish(state, model, strategy, inputs, inputs.rebuild_model, result)
     del model, optimizer, step_model
     empty_cache(device)  # the run is over: give its cached memory back before the caller goes on
     barrier(env)
@@ -325,7 +328,7 @@ def skip_step(state: TrainState, loss: float, step: int, max_bad_steps: int, run
         raise JobFailed(
             f"{state.bad_steps_in_row} non-finite losses in a row at step {step}: the run diverged; lower optim.lr, "
             f"use train.precision=fp32 or bf16, or lower train.grad_clip_norm. The last good checkpoint is kept in "
-            f"{run_dir / 'checkpoints'}"
+            f"{run_dir / CHECKPOINTS}"
         )
 
 
@@ -360,21 +363,6 @@ def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, 
     state.status = broadcast_object(env, state.status)
 
 
-def eval_answers(inputs: RunInputs, run_dir: Path, device: torch.device) -> Optional[Callable[[nn.Module, int], None]]:
-    """For a chat run of an hf causal LM: at each evaluation, greedy answers to the first validation conversations'
-    prompts, appended to samples.jsonl (the report shows them); None for any other run."""
-    pre = inputs.data.preprocess
-    if not pre.get("chat_template") or inputs.cfg.model.name != "hf" or inputs.data.info.task != "lm":
-        return None
-    prompts = val_prompts(inputs.data.val)
-
-    def write(model: nn.Module, step: int) -> None:
-        rows = answer_prompts(model, pre, prompts, device=device)
-        with (run_dir / SAMPLES_FILE).open("a", encoding="utf-8") as f:
-            f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
-    return write if prompts else None
-
-
 def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunInputs,
            rebuild: Callable[[DataInfo], nn.Module], result: TrainResult) -> None:
     """The final model (best with early stopping > EMA > last weights) into final/, its test metrics into
@@ -398,7 +386,7 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
             save_tokenizer(inputs.data.preprocess, directory)
         return write_native
 
-    save_final_model(run_dir, kept_weights(model, model.state_dict()), inputs.cfg, info, inputs.data.preprocess, final_step,
+    save_final_model(run_dir, kept_weights(model, model.state_dict()), inputs.config, info, inputs.data.preprocess, final_step,
                      metrics=final_val, ran=ran, native={folder: with_tokenizer(w) for folder, w in formats.items()},
                      base=base_reference(model))
     test_loader = make_eval_loader(inputs.data.test, batch_size=max(setup.micro_batch_size, 64), num_workers=0,

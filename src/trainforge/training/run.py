@@ -12,29 +12,30 @@ import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+import torch
+from torch import nn
 
 from trainforge.config import Config
-from trainforge.data import build_data
-from trainforge.data.loader import epoch_samples
+from trainforge.data.base import DataBundle
 from trainforge.data.summary import summarize
+from trainforge.engine.checkpoint import load_state
 from trainforge.engine.data_parallel import broadcast_object, min_over_ranks
 from trainforge.engine.env import DistEnv, distributed
-from trainforge.errors import UserError
-from trainforge.files import write_text_atomic
-from trainforge.models import build_model, is_convolutional
-from trainforge.models.lora import check_base
-from trainforge.planning.auto import MemoryBudget, device_budget
-from trainforge.engine.checkpoint import load_state
-from trainforge.training.evaluate import check_metric
-from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
 from trainforge.engine.microbatch import clear_oom_restart, read_oom_restart
-from trainforge.engine.optim import freeze
+from trainforge.engine.preflight import preflight
 from trainforge.engine.progress import announce_data, console
 from trainforge.engine.rng import determinism, seed_everything
-from trainforge.training.setup import DataFacts, OOMNote, resolve
 from trainforge.engine.signals import stop_on_signals
-from trainforge.layout import CONFIG, DATA_REPORT
+from trainforge.files import write_text_atomic
+from trainforge.layout import CONFIG, DATA_REPORT, SAMPLES
+from trainforge.models import build_model
+from trainforge.models.lora import check_base
+from trainforge.planning.auto import MemoryBudget, device_budget
+from trainforge.training.generate import answer_prompts, val_prompts
+from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
+from trainforge.training.setup import OOMNote, resolve
 
 
 def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
@@ -50,17 +51,10 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
 
         saved = load_state(resume_from) if resume_from is not None else None  # verified here, once
         stored = json.loads(saved["preprocess_json"]) if saved is not None else None  # resume: its tokenizer
-        data = build_data(cfg.data, seed=cfg.seed, stored=stored)
-        if cfg.model.pruned and hooks.build_model is None:
-            raise UserError("model.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; "
-                            "rerun the same compress command (same --out) to continue it")
-        model = hooks.build_model(data.info) if hooks.build_model else build_model(cfg.model, data.info)[0]
+        pre = preflight(cfg, world_size=env.world_size, stored=stored, model_factory=hooks.build_model)
+        data, model, facts, frozen, total = pre.data, pre.model, pre.facts, pre.frozen_params, pre.total_params
         if saved is not None:  # adapters continue only on the base they were trained on
             check_base(json.loads(saved.get("base_json") or "null"), model, str(resume_from))
-        frozen, total = freeze(model, tc.freeze) if tc.freeze else (0, 0)  # before any wrapping or optimizer
-        if tc.early_stopping is not None:
-            check_metric(tc.early_stopping.metric, data.info.task, "train.early_stopping.metric")
-        facts = DataFacts(data.info, epoch_samples(data.train, env.world_size), is_convolutional(model))
         setup = resolve(cfg, env, device, facts, checkpoint=saved, oom=take_oom_note(run_dir, env),
                         budget=agreed_budget(cfg, env, device))
 
@@ -75,7 +69,11 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
             run_dir.mkdir(parents=True, exist_ok=True)
             write_text_atomic(run_dir / CONFIG, cfg.to_yaml())
             write_text_atomic(run_dir / DATA_REPORT, json.dumps(data.report, indent=1))
-        inputs = RunInputs(cfg, run_dir, data, model, facts, stop, resume_from, summary.counts)
+        inputs = RunInputs(
+            cfg, run_dir, data, model, facts, stop, resume_from=resume_from, data_counts=summary.counts,
+            reresolve=lambda oom: resolve(cfg, env, device, facts, oom=oom),
+            rebuild_model=hooks.build_model or (lambda info: build_model(cfg.model, info)[0]),
+            eval_samples=chat_samples(cfg, data, run_dir, device) if env.is_main else None)
         # rank 0's observer (the caller's: tracking mirrors the run directory into MLflow from a thread); the loop
         # knows nothing of it
         watching = hooks.observer is not None and env.is_main
@@ -84,6 +82,23 @@ def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: O
         if following is not None:
             following.finish(result.status)
         return result
+
+
+def chat_samples(cfg: Config, data: DataBundle, run_dir: Path, device: torch.device
+                 ) -> Optional[Callable[[nn.Module, int], None]]:
+    """For a chat run of an hf causal LM: at each evaluation, greedy answers to the first validation conversations'
+    prompts, appended to samples.jsonl (the report shows them); None for any other run. The loop calls it as the
+    run's extra at each evaluation, and knows nothing of chat or of generation."""
+    pre = data.preprocess
+    if not pre.get("chat_template") or cfg.model.name != "hf" or data.info.task != "lm":
+        return None
+    prompts = val_prompts(data.val)
+
+    def write(model: nn.Module, step: int) -> None:
+        rows = answer_prompts(model, pre, prompts, device=device)
+        with (run_dir / SAMPLES).open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps({"step": step, **row}) + "\n" for row in rows)
+    return write if prompts else None
 
 
 def take_oom_note(run_dir: Path, env: DistEnv) -> Optional[OOMNote]:

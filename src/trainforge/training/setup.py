@@ -27,8 +27,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from trainforge.config import Config
-from trainforge.data.base import DataInfo
+from trainforge.config import Config, EarlyStoppingConfig, OptimConfig, ScheduleConfig
 from trainforge.data.loader import resolve_num_workers, steps_per_epoch
 from trainforge.engine.env import DistEnv, resolve_strategy
 from trainforge.hardware.device import supports_bf16
@@ -38,15 +37,35 @@ from trainforge.planning.memory import sim_key
 from trainforge.planning.plan import Planner
 from trainforge.engine.microbatch import batch_geometry, largest_divisor_at_most, per_rank_batch, shrink_micro_batch
 from trainforge.engine.precision import resolve_precision
+from trainforge.engine.preflight import DataFacts  # noqa: F401  (the resolver's input, built by the pre-flight)
 
 
 @dataclass(frozen=True)
-class DataFacts:
-    """What the resolver needs to know of the data and the model, read once they are built."""
+class LoopSettings:
+    """The config the loop runs with besides the geometry: its slices (optimizer, schedule) and the train and log
+    knobs it reads, taken from the config once, here, so the loop reads no config."""
 
-    info: DataInfo
-    train_samples: int  # read in one epoch over all ranks (`epoch_samples`: sharded data deals out whole shards)
-    convolutional: bool  # has Conv2d layers: channels_last pays off on CUDA
+    seed: int
+    config_yaml: str  # the resolved config, recorded in every checkpoint
+    optim: OptimConfig
+    schedule: ScheduleConfig
+    early_stopping: Optional[EarlyStoppingConfig]
+    ema_decay: Optional[float]
+    label_smoothing: float
+    grad_clip_norm: Optional[float]
+    log_every_steps: int
+    max_bad_steps: int
+    keep_checkpoints: int
+    tensorboard: bool
+    progress: bool
+
+    @classmethod
+    def of(cls, cfg: Config) -> "LoopSettings":
+        tc = cfg.train
+        return cls(seed=cfg.seed, config_yaml=cfg.to_yaml(), optim=cfg.optim, schedule=cfg.schedule, early_stopping=tc.early_stopping,
+                   ema_decay=tc.ema_decay, label_smoothing=tc.label_smoothing, grad_clip_norm=tc.grad_clip_norm,
+                   log_every_steps=tc.log_every_steps, max_bad_steps=tc.max_bad_steps,
+                   keep_checkpoints=tc.keep_checkpoints, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress)
 
 
 @dataclass(frozen=True)
@@ -78,6 +97,7 @@ class RunSetup:
     activation_checkpointing: bool
     predicted_peak_bytes: Optional[int] = None  # when the planner was asked (auto, or predict=True)
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    loop: Optional[LoopSettings] = None  # what else the loop reads (always set by `resolve`)
 
     notes: tuple[str, ...] = ()  # said once at the start: changes to what the config asked for explicitly
 
@@ -130,7 +150,7 @@ def resolve(
     micro, why = _micro_batch(tc.micro_batch_size, per_rank, env.world_size, checkpoint, oom)
     peak = None
     if micro is None or predict:  # the planner: auto, or a prediction at the size fixed above
-        key = sim_key(strategy, env.world_size, cfg.distributed.activation_checkpointing, precision)
+        key = sim_key(strategy, env.world_size, cfg.train.activation_checkpointing, precision)
         budget = budget or device_budget(tc.memory_budget_bytes, device)
         terms = memory_terms(device.type, env.world_size, facts.convolutional, budget)
         factor = memory_factor(device) if budget.context_counted else None  # a calibration is of this device
@@ -160,8 +180,8 @@ def resolve(
         micro_batch_size=micro, accumulation=per_rank // micro, steps_per_epoch=per_epoch, total_steps=total_steps,
         eval_every_steps=tc.eval_every_steps or per_epoch, checkpoint_every_steps=tc.checkpoint_every_steps or per_epoch,
         channels_last=channels_last, num_workers=workers, pin_memory=device.type == "cuda", compile=tc.compile,
-        activation_checkpointing=cfg.distributed.activation_checkpointing, predicted_peak_bytes=peak,
-        reasons=MappingProxyType(reasons), notes=notes,
+        activation_checkpointing=cfg.train.activation_checkpointing, predicted_peak_bytes=peak,
+        reasons=MappingProxyType(reasons), notes=notes, loop=LoopSettings.of(cfg),
     )
 
 

@@ -97,13 +97,13 @@ def tune(
     storage_url = storage or default_storage_url(out)
 
     # ---- the data (task -> default metric) and the space, checked against the config
-    from trainforge.data import build_data  # heavy (torch): flags are checked before it loads
+    from trainforge.engine.metrics import check_metric  # heavy (torch): flags are checked before it loads
+    from trainforge.engine.preflight import preflight  # heavy (torch): flags are checked before it loads
     from trainforge.training.api import check_names  # heavy (torch): flags are checked before it loads
-    from trainforge.training.evaluate import check_metric  # heavy (torch): flags are checked before it loads
 
     check_names(cfg)
     base = cfg.model_dump(mode="json")
-    info = build_data(cfg.data, seed=cfg.seed, fit_stats=False).info
+    info = preflight(cfg, fit_stats=False, on_meta=True).data.info  # what each trial's run would refuse, now
     space_params = load_space(space, base, info)
     metric = metric or DEFAULT_METRIC[info.task]
     check_metric(metric, info.task, "--metric")
@@ -135,7 +135,7 @@ def tune(
         place = placement(parallel, user_keys, gpu_count=0 if cfg.train.device == "cpu" else None)
         trial_base = base
         if parent is not None:
-            trial_base = {**base, "log": {**base["log"], "mlflow": {**base["log"]["mlflow"], "parent_run_id": parent}}}
+            trial_base = {**base, "stage": {**base.get("stage", {}), "mlflow_parent_run_id": parent}}
         spec = {
             "base_config": trial_base,
             "space": {k: p.to_dict() for k, p in space_params.items()},

@@ -9,7 +9,9 @@ from typing import List, Optional
 
 import typer
 
+from trainforge.config import load_config
 from trainforge.console import out, print_json
+from trainforge.errors import UserError
 from trainforge.tuning.results import trials_table
 
 
@@ -40,12 +42,14 @@ def tune(
     Writes <out>/best_config.yaml (train it with `trainforge train <out>/best_config.yaml`), trials.csv,
     report.html, and each trial's run directory under <out>/trials/.
     """
-    from trainforge.tuning.api import no_trial_completed  # heavy (optuna): the CLI starts fast without it
-    from trainforge.tuning.api import tune as run_tune  # heavy (optuna): the CLI starts fast without it
-
     overrides = list(overrides or [])
     if "=" in recipe:  # as for train: `trainforge tune optim.lr=1e-3 --space ...` means the default recipe
         recipe, overrides = None, [recipe, *overrides]
+    load_config(recipe, overrides)  # a bad key, a wrong type, a missing recipe: answered before optuna and torch load
+    if not space.is_file():
+        raise UserError(f"--space: {space} does not exist; pass a search space YAML (recipes/sweeps/ has examples)")
+    from trainforge.tuning.api import no_trial_completed  # heavy (optuna): the CLI starts fast without it
+    from trainforge.tuning.api import tune as run_tune  # heavy (optuna): the CLI starts fast without it
     result = run_tune(recipe, space, trials=trials, overrides=overrides, parallel=parallel, storage=storage,
                       study=study, pruner=pruner, metric=metric, direction=direction, out=out_dir)
     if as_json:

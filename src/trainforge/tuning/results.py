@@ -17,7 +17,7 @@ from rich.table import Table
 
 from trainforge.config import config_from_dict
 from trainforge.files import write_text_atomic
-from trainforge.layout import REPORT  # the study's report, named as a run's
+from trainforge.layout import REPORT  # noqa: F401  (the study's report, named as a run's)
 from trainforge.tuning.space import apply_params
 
 BEST_CONFIG = "best_config.yaml"

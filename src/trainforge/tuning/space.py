@@ -185,24 +185,16 @@ def check_space(path: Path, space: dict[str, Param], base: dict[str, Any], info:
             try:
                 cfg = config_from_dict(apply_params(base, {key: value}))
                 if info is not None and key.startswith("model."):
-                    _build_on_meta(cfg, info)
+                    check_model(cfg, info)
             except UserError as e:
                 fix = "fix the key" if "unknown" in str(e) else "change the range or choices"
                 raise UserError(f"{path}: {key} = {value!r} gives an invalid config: {e}; {fix}") from None
 
 
-def _build_on_meta(cfg: Config, info: Any) -> None:
-    import torch  # heavy (torch): only the meta-device check needs it
+def check_model(cfg: Config, info: Any) -> None:
+    from trainforge.engine.preflight import check_model as on_meta  # heavy (torch): only the model check needs it
 
-    from trainforge.models import build_model  # heavy (torch): only the meta-device check needs it
-
-    try:
-        with torch.device("meta"):
-            build_model(cfg.model, info)
-    except UserError:
-        raise
-    except Exception:  # noqa: BLE001 - a user's factory may not support the meta device; the trial will tell
-        pass
+    on_meta(cfg, info)
 
 
 def load_space(path: Union[str, Path], base: dict[str, Any], info: Any = None) -> dict[str, Param]:

@@ -47,9 +47,9 @@ def placement(parallel: int, user_keys: set[str], gpu_count: Optional[int] = Non
     are turned off: K bars on one terminal would garble each other (each trial still logs its metrics).
     """
     if gpu_count is None:
-        import torch  # heavy (torch): only placement() needs it
+        from trainforge.hardware.device import gpu_count as visible_gpus  # heavy (torch): only placement() needs it
 
-        gpu_count = torch.cuda.device_count()
+        gpu_count = visible_gpus()
     overrides: list[str] = []
     gpus: list[str] = []
     if gpu_count >= 1:

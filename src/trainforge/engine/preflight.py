@@ -1,0 +1,90 @@
+"""The pre-flight of a run: its data and model built, and what a run would refuse at its start refused before any
+work, the same way for every command that needs it (train, the torchrun launcher, plan, tune, the job admission).
+
+    pre = preflight(cfg, world_size=2, fit_stats=False, on_meta=True)   # a check: no statistics, no weights
+    pre.data, pre.model, pre.facts          # DataBundle, nn.Module (meta device), DataFacts for the resolver
+    pre = preflight(cfg, world_size=env.world_size, stored=saved_preprocess)   # a run: real weights, its tokenizer
+
+It refuses, with one line naming the field: a pruned model without the skeleton `trainforge compress` rebuilds, an
+early-stopping metric the task does not report, a `train.freeze` pattern that matches nothing (or everything),
+and whatever the data sources and the model factory refuse.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+from torch import nn
+
+from trainforge.config import Config
+from trainforge.data import build_data
+from trainforge.data.base import DataBundle, DataInfo
+from trainforge.data.loader import epoch_samples
+from trainforge.engine.metrics import check_metric
+from trainforge.engine.optim import freeze
+from trainforge.errors import UserError
+from trainforge.models import build_model, is_convolutional
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What the resolver needs to know of the data and the model, read once they are built."""
+
+    info: DataInfo
+    train_samples: int  # read in one epoch over all ranks (`epoch_samples`: sharded data deals out whole shards)
+    convolutional: bool  # has Conv2d layers: channels_last pays off on CUDA
+
+
+@dataclass(frozen=True)
+class Preflight:
+    data: DataBundle
+    model: nn.Module
+    facts: DataFacts
+    frozen_params: int = 0  # by train.freeze
+    total_params: int = 0
+
+
+def preflight(cfg: Config, *, world_size: int = 1, fit_stats: bool = True, stored: Optional[Mapping[str, Any]] = None,
+              on_meta: bool = False, model_factory: Optional[Callable[[DataInfo], nn.Module]] = None) -> Preflight:
+    """Build the data (`fit_stats`: the normalization statistics too; `stored`: a resumed run's preprocessing) and the
+    model (`on_meta`: on the meta device, no memory and no weights; a custom model, the user's own code, that fails
+    there is built on the CPU; `model_factory`: a replacement for the zoo's, e.g. a pruned skeleton), freeze what
+    train.freeze names, and check what every run of `cfg` on `world_size` processes would refuse at its start."""
+    data = build_data(cfg.data, seed=cfg.seed, fit_stats=fit_stats, stored=stored)
+    if cfg.stage.pruned and model_factory is None:
+        raise UserError("stage.pruned: this run fine-tunes a pruned model that `trainforge compress` builds; rerun the "
+                        "same compress command (same --out) to continue it")
+    model = _build(cfg, data.info, on_meta, model_factory)
+    frozen, total = freeze(model, cfg.train.freeze) if cfg.train.freeze else (0, 0)  # before any wrapping or optimizer
+    if cfg.train.early_stopping is not None:
+        check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")
+    facts = DataFacts(data.info, epoch_samples(data.train, world_size), is_convolutional(model))
+    return Preflight(data, model, facts, frozen, total)
+
+
+def check_model(cfg: Config, info: DataInfo) -> None:
+    """A config variant's model checked on the meta device (tune's search space, value by value): the zoo's refusal
+    is a UserError; code that cannot run on the meta device is left for the run to try."""
+    try:
+        with torch.device("meta"):
+            build_model(cfg.model, info)
+    except UserError:
+        raise
+    except Exception:  # noqa: BLE001 - a user's factory may not support the meta device; the trial will tell
+        pass
+
+
+def _build(cfg: Config, info: DataInfo, on_meta: bool, factory: Optional[Callable[[DataInfo], nn.Module]]) -> nn.Module:
+    build = factory or (lambda i: build_model(cfg.model, i)[0])
+    if not on_meta:
+        return build(info)
+    try:
+        with torch.device("meta"):
+            return build(info)
+    except UserError:
+        if cfg.model.name != "custom":  # the zoo's own verdict on the config
+            raise
+    except Exception:  # noqa: BLE001 - code that cannot run on the meta device says nothing of the input
+        pass
+    return build(info)  # for real, on the CPU: what the run itself will do
