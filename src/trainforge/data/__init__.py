@@ -4,9 +4,15 @@
     bundle = build_data(cfg.data, seed=cfg.seed)     # DataBundle: info, train, val, test, preprocess, report
     summary = summarize(bundle.report)                # console line, warnings, --json counts
 
-Sources are looked up in `SOURCES` by `data.source`; loaders live in `trainforge.data.loader`.
-The names below load on first use, so torch-free modules of this package (`text`, `imageio`) serve
-`trainforge predict` without importing torch.
+Sources are looked up in `SOURCES` by `data.source`; loaders live in `trainforge.data.stages.loader`.
+The names below load on first use, so the torch-free subpackages (`text`, `image`) serve `trainforge predict`
+without importing torch.
+
+    sources/   the data sources (registry SOURCES), each a Pool of raw samples
+    stages/    what the pipeline does to a pool: clean, split, normalize, augment; the split datasets and loaders
+    text/      text into token ids: byte and subword tokenizers, chat templates
+    image/     images as the models take them: reading, a pretrained model's preprocessing
+    formats/   what is kept on disk: an image folder's manifest, token shards, WebDataset tar shards
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from trainforge.config import AugmentConfig, DataConfig
-from trainforge.data.augment import (
+from trainforge.data.stages.augment import (
     Augment,
     TextAugment,
     build_augment,
@@ -18,15 +18,15 @@ from trainforge.data.augment import (
     text_ops_set,
 )
 from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.clean import clean_tensor_pool, clean_text_pool, drop_failed_before
-from trainforge.data.datasets import EvalDataset, TrainDataset
-from trainforge.data.image_preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
-from trainforge.data.loader import ShardOrder
-from trainforge.data.normalize import Normalizer, fit_normalizer, identity, model_normalizer
+from trainforge.data.stages.clean import clean_tensor_pool, clean_text_pool, drop_failed_before
+from trainforge.data.stages.datasets import EvalDataset, TrainDataset
+from trainforge.data.image.preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
+from trainforge.data.stages.loader import ShardOrder
+from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
 from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples, TextCorpus, TextSamples
 from trainforge.data.sources import SOURCES
 from trainforge.data.sources.chat import ChatExamples, ChatTokens, pack_chat, tokenize_chat
-from trainforge.data.shards import (
+from trainforge.data.formats.token_shards import (
     BPE_TRAIN_MAX_BYTES,
     Corpus,
     RawBytes,
@@ -36,9 +36,9 @@ from trainforge.data.shards import (
     trained_once,
 )
 from trainforge.data.sources.textfile import TokenWindows
-from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
-from trainforge.data.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
-from trainforge.data.text import RAW_BYTES_VOCAB_SIZE
+from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
+from trainforge.data.text.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
+from trainforge.data.text.bytes import RAW_BYTES_VOCAB_SIZE
 from trainforge.errors import UserError
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
@@ -154,7 +154,7 @@ def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
 
 
 def tokenize_corpus(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
-    """TextCorpus -> windows read from its token shards (data/shards.py: tokenized once per corpus and tokenizer,
+    """TextCorpus -> windows read from its token shards (data/formats/token_shards.py: tokenized once per corpus and tokenizer,
     reused by every later run; no copy of the corpus in this process)."""
     text = pool.samples
     assert isinstance(text, TextCorpus)

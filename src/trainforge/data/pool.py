@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from trainforge.data.base import DataInfo
-from trainforge.data.shards import Corpus
+from trainforge.data.formats.token_shards import Corpus
 
 DROP_REASONS = ("duplicate", "corrupt", "nonfinite", "bad_label", "empty_text")
 MAX_DROP_EXAMPLES = 5
@@ -69,7 +69,7 @@ class TextSamples:
 
 
 class TextCorpus:
-    """A language-modelling corpus before tokenization: `corpus` says what to read (data/shards.py: text files, or
+    """A language-modelling corpus before tokenization: `corpus` says what to read (data/formats/token_shards.py: text files, or
     the text column of data files); the pipeline tokenizes it once into memory-mapped token shards and cuts
     `block_size + 1` windows."""
 

@@ -39,7 +39,7 @@ from trainforge.config import (Config, apply_overrides, builtin_recipes, config_
 import torch
 
 from trainforge.data import build_data
-from trainforge.data.loader import epoch_samples
+from trainforge.data.stages.loader import epoch_samples
 from trainforge.data.base import DataBundle
 from trainforge.confine import confine, named_paths
 from trainforge.engine.env import DistEnv

@@ -33,8 +33,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from trainforge.data import text as byte_rules
-from trainforge.data.tokenizer import is_stored
+from trainforge.data.text import bytes as byte_rules
+from trainforge.data.text.tokenizer import is_stored
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import Trained, load_trained

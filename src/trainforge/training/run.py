@@ -16,7 +16,7 @@ from typing import Optional
 
 from trainforge.config import Config
 from trainforge.data import build_data
-from trainforge.data.loader import epoch_samples
+from trainforge.data.stages.loader import epoch_samples
 from trainforge.data.summary import summarize
 from trainforge.engine.data_parallel import broadcast_object, min_over_ranks
 from trainforge.engine.env import DistEnv, distributed

@@ -7,7 +7,7 @@ or  {"instruction": "...", "input": "..." (optional), "output": "..."}   (one us
 The source reads and checks the lines: dropped as `corrupt` are lines that are not JSON, have no messages, a role
 or a content of the wrong kind, or no assistant turn; as `duplicate` the same conversation again
 (`data.clean.dedup`). The pipeline then (`tokenize_chat`) renders each conversation with the chat template
-(`tokenizer.apply_chat_template`; the tokenizer's own, else a built-in one of data/chat_templates.py) and
+(`tokenizer.apply_chat_template`; the tokenizer's own, else a built-in one of data/text/chat_templates.py) and
 tokenizes it with the model's tokenizer — the stored one, with the stored template, on eval and resume — dropping
 a conversation longer than `seq_len` tokens as `too_long` (never cut), one the template refuses as `corrupt`, one
 without a token to learn as `empty_text`. It splits by conversation (seeded, random) and lays each split's
@@ -45,10 +45,10 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.chat_templates import DEFAULT_TEMPLATE, TEMPLATES
+from trainforge.data.text.chat_templates import DEFAULT_TEMPLATE, TEMPLATES
 from trainforge.data.pool import DropLog, Pool
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
-from trainforge.data.tokenizer import ENCODE_CHUNK, TextTokenizer
+from trainforge.data.text.tokenizer import ENCODE_CHUNK, TextTokenizer
 from trainforge.errors import UserError, quote
 
 CHAT_DROP_REASONS = ("duplicate", "corrupt", "empty_text", "too_long")

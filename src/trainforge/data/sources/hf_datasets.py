@@ -5,7 +5,7 @@ the hub by name.
     data: {source: hf_datasets, path: reviews.parquet, args: {text_column: review, label_column: stars}}
 
 `data.path` is a file or a folder (its files of one format, sorted). Without `label_column` the text column is a
-language-modelling corpus, a row a document, tokenized once into token shards (data/shards.py, a task per file)
+language-modelling corpus, a row a document, tokenized once into token shards (data/formats/token_shards.py, a task per file)
 like a `textfile` corpus. With it, the rows are text-classification records handled as `jsonl` handles its lines
 (the same drops, labels, `classes` and tokenizers). Local files are streamed: nothing is copied to a cache.
 
@@ -25,7 +25,7 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool, TextCorpus
 from trainforge.confine import check_found, confined_roots
-from trainforge.data.shards import FileStat, HfFiles, hf_rows
+from trainforge.data.formats.token_shards import FileStat, HfFiles, hf_rows
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.sources.jsonl import JsonlArgs, check_classification_tokenizer, records_pool
 from trainforge.errors import UserError, quote

@@ -1,8 +1,8 @@
 """`textfile`: a language-modelling corpus of text files, tokenized once into memory-mapped token shards.
 
 The files (sorted, cut at max_bytes) are tokenized into one stream (raw bytes: id = byte value, vocab 256,
-tokenizer "raw_bytes" in data/text.py; or data.tokenizer model | bpe, each file followed by the eos id) by
-data/shards.py, once per corpus and tokenizer, and read as non-overlapping windows: window k is
+tokenizer "raw_bytes" in data/text/bytes.py; or data.tokenizer model | bpe, each file followed by the eos id) by
+data/formats/token_shards.py, once per corpus and tokenizer, and read as non-overlapping windows: window k is
 tokens[k*(B+1) : (k+1)*(B+1)] with B = block_size; x = w[:-1], y = w[1:]. The pipeline splits windows into
 contiguous train/val/test ranges, so no val/test text is trained on.
 """
@@ -19,7 +19,7 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool, TextCorpus
 from trainforge.confine import check_found
-from trainforge.data.shards import TextFiles, TokenShards
+from trainforge.data.formats.token_shards import TextFiles, TokenShards
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 

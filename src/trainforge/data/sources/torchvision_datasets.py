@@ -20,7 +20,7 @@ from torch.utils.data import Dataset
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.image_preprocess import ImagePreprocess
+from trainforge.data.image.preprocess import ImagePreprocess
 from trainforge.data.pool import Pool
 from trainforge.confine import check_read, confine, confined_roots, named_paths
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args

@@ -46,7 +46,7 @@ from filelock import FileLock, Timeout
 from tokenizers import Tokenizer
 
 from trainforge.confine import check_read
-from trainforge.data.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
+from trainforge.data.text.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
 from trainforge.files import fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic
 
