@@ -26,7 +26,6 @@ import numpy as np
 
 from trainforge.config import DataConfig
 from trainforge.data.stages.clean import drop_failed_before
-from trainforge.data.formats.manifest import available_cpus
 from trainforge.data.pipeline import corpus_tokenizer, split_pool
 from trainforge.data.pool import Pool, TextCorpus
 from trainforge.data.seeding import derive_seed
@@ -35,6 +34,7 @@ from trainforge.data.sources import SOURCES
 from trainforge.data.sources.imagefolder import ImageFiles
 from trainforge.data.formats.tar_shards import FORMAT, INDEX, SPLITS, Item, shard_name, write_index, write_shard
 from trainforge.errors import UserError
+from trainforge.hardware.cpus import available_cpus
 from trainforge.registry import Registry
 
 Prepare = Callable[..., dict[str, Any]]

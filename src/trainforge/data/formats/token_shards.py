@@ -27,6 +27,7 @@ this module, numpy and `tokenizers` (`datasets` for an `hf_datasets` corpus).
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import json
 import mmap
@@ -42,13 +43,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
-from filelock import FileLock, Timeout
 from tokenizers import Tokenizer
 
 from trainforge.confine import check_read
 from trainforge.data.text.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
-from trainforge.files import fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic
+from trainforge.files import file_lock, fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic
+from trainforge.hardware.cpus import available_cpus
 
 FORMAT = 1  # of index.json and the shard files; another format is another key
 SHARD_BYTES = 256 * 2**20  # corpus bytes per shard (and per task of the pool)
@@ -477,21 +478,9 @@ def prepare_shards(corpus: Corpus, tok: ShardTokenizer, *, rebuild: bool = False
     return index
 
 
-class hold_lock:
+def hold_lock(path: Path, directory: Path, progress: Progress) -> contextlib.AbstractContextManager[None]:
     """The file lock of one shard directory; says once that it waits for another process."""
-
-    def __init__(self, path: Path, directory: Path, progress: Progress) -> None:
-        self.lock, self.directory, self.progress = FileLock(str(path)), directory, progress
-
-    def __enter__(self) -> None:
-        try:
-            self.lock.acquire(timeout=0)
-        except Timeout:
-            self.progress(f"token shards: waiting for another process preparing {self.directory}")
-            self.lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
+    return file_lock(path, on_wait=lambda: progress(f"token shards: waiting for another process preparing {directory}"))
 
 
 def tokenize_into(directory: Path, corpus: Corpus, tok: ShardTokenizer, *, workers: Optional[int],
@@ -533,13 +522,6 @@ def tokenize_into(directory: Path, corpus: Corpus, tok: ShardTokenizer, *, worke
     progress(f"token shards: {index.tokens:,} tokens in {len(names)} shard(s), {index.shard_bytes / 1e6:,.1f} MB, "
              f"{index.prepared_s:.1f} s")
     return index
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # respects container/taskset limits
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
