@@ -28,7 +28,7 @@ from trainforge.compression.serving import READERS
 from trainforge.config import DataConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
-from trainforge.data.text.bytes import encode
+from trainforge.data.text import encode
 from trainforge.integrity import write_manifest
 
 SEQ_LEN = 16

@@ -17,7 +17,8 @@ from trainforge.config import load_config
 from trainforge.data import build_data
 from trainforge.data.formats import token_shards as shards_mod
 from trainforge.data.prepare import prepare_data
-from trainforge.data.formats.token_shards import RawBytes, Subword, TextFiles, TokenShards, prepare_shards, read_index
+from trainforge.data.formats.token_shards import TextFiles, TokenShards, prepare_shards, read_index
+from trainforge.data.text.codec import RawBytes, Subword
 from trainforge.data.text.tokenizer import TextTokenizer, train_bpe
 from trainforge.errors import UserError
 from tiny_models import corpus, save_tiny_llama
@@ -94,7 +95,7 @@ def test_bpe_is_trained_once_on_the_train_text_and_resume_reuses_its_shards(tmp_
     cfg = lm_cfg(tmp_path / "docs", "data.tokenizer=bpe", "data.tokenizer_args.vocab_size=300")
     first = build_data(cfg.data, seed=0)
     trained = []
-    monkeypatch.setattr("trainforge.data.pipeline.train_bpe", lambda *a, **k: trained.append(1))
+    monkeypatch.setattr("trainforge.data.text.tokenize.train_bpe", lambda *a, **k: trained.append(1))
     again = build_data(cfg.data, seed=0)  # the BPE of this corpus and settings is kept: not trained again
     resumed = build_data(cfg.data, seed=0, stored=first.preprocess)  # resume: the run's stored tokenizer
     assert not trained

@@ -190,7 +190,7 @@ def image_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] 
 
 @TOKENIZERS.register("bytes")
 def bytes_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[int]]:
-    from trainforge.data.text.bytes import encode  # torch-free; the jsonl source's tokenizer
+    from trainforge.data.text import encode  # torch-free; the jsonl source's tokenizer
 
     return lambda line: encode(line, seq_len)
 
@@ -215,7 +215,7 @@ def integer_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[in
 @TOKENIZERS.register("bpe")
 def stored_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[int]]:
     """The run's own subword tokenizer, from the files stored in its metadata (the `tokenizers` library only)."""
-    from trainforge.data.text.tokenizer import TextTokenizer, is_stored  # tokenizers + numpy, no torch
+    from trainforge.data.text import TextTokenizer, is_stored  # tokenizers + numpy, no torch
 
     if not is_stored(pre):
         raise ValueError("its metadata lacks the tokenizer's files")

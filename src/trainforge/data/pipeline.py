@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 import torch
@@ -23,22 +23,12 @@ from trainforge.data.stages.datasets import EvalDataset, TrainDataset
 from trainforge.data.image.preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
 from trainforge.data.stages.loader import ShardOrder
 from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
-from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples, TextCorpus, TextSamples
+from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples
 from trainforge.data.sources import SOURCES
-from trainforge.data.sources.chat import ChatExamples, ChatTokens, pack_chat, tokenize_chat
-from trainforge.data.formats.token_shards import (
-    BPE_TRAIN_MAX_BYTES,
-    Corpus,
-    RawBytes,
-    Subword,
-    TokenShards,
-    prepare_shards,
-    trained_once,
-)
-from trainforge.data.sources.textfile import TokenWindows
+from trainforge.data.sources.chat import ChatExamples
 from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
-from trainforge.data.text.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
-from trainforge.data.text.bytes import RAW_BYTES_VOCAB_SIZE
+from trainforge.data.text.chat import ChatTokens, pack_chat, tokenize_chat
+from trainforge.data.text.tokenize import TextCorpus, TextSamples, choose_tokenizer, tokenize_corpus, tokenize_texts
 from trainforge.errors import UserError
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
@@ -122,75 +112,6 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         report=data_report(cfg.source, pool, splits, method, normalizer, sampled),
         runtime_report=getattr(pool.samples, "runtime_failures", None),
     )
-
-
-def choose_tokenizer(cfg: DataConfig, train_texts: Callable[[], Iterable[str]],
-                     stored: Optional[dict[str, Any]]) -> TextTokenizer:
-    """The stored tokenizer when there is one, else data.tokenizer's: the model's, or a BPE trained on the train
-    split (`train_texts` is called only then)."""
-    if is_stored(stored):
-        return TextTokenizer.from_preprocess(stored)
-    if cfg.tokenizer == "model":
-        assert cfg.from_model is not None  # Config fills it from the model section
-        if cfg.from_model.family != "hf":
-            raise UserError(f"data.tokenizer: model needs a transformers model; data.from_model is a "
-                            f"{cfg.from_model.family} model (images); use bpe or bytes", public=True)
-        return pretrained_tokenizer(cfg.from_model.source, "data.from_model.source")
-    a = cfg.tokenizer_args
-    return train_bpe(train_texts(), vocab_size=a.vocab_size, min_frequency=a.min_frequency)
-
-
-def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
-    """TextSamples -> TensorSamples of (seq_len,) token ids; info gets the tokenizer's vocabulary and padding."""
-    samples = pool.samples
-    assert isinstance(samples, TextSamples)
-    x = torch.from_numpy(tok.encode_fixed(samples.texts, samples.seq_len))
-    full = int((x[:, -1] != tok.pad_id).sum())  # the last position holds a token: (at least) filled, likely cut
-    pool.samples = TensorSamples(x, samples.y, samples.ids)
-    pool.info = replace(pool.info, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    pool.preprocess = {**pool.preprocess, **tok.to_preprocess()}
-    pool.notes = {**pool.notes, "tokenizer": tokenizer_note(tok, {"texts_filling_seq_len": full})}
-    return pool
-
-
-def tokenize_corpus(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
-    """TextCorpus -> windows read from its token shards (data/formats/token_shards.py: tokenized once per corpus and tokenizer,
-    reused by every later run; no copy of the corpus in this process)."""
-    text = pool.samples
-    assert isinstance(text, TextCorpus)
-    tok = corpus_tokenizer(cfg, text.corpus, stored)
-    index = prepare_shards(text.corpus, RawBytes() if tok is None else Subword.of(tok))
-    windows = TokenWindows(TokenShards(index), text.block_size)
-    if len(windows) == 0:
-        raise UserError(f"data.path: the corpus has {index.tokens} tokens, less than one window of data.args.block_size "
-                        f"+ 1 = {text.block_size + 1}; lower data.args.block_size or add text", public=True)
-    vocab = RAW_BYTES_VOCAB_SIZE if tok is None else tok.vocab_size
-    pool.samples, pool.rows_read = windows, len(windows)
-    pool.info = replace(pool.info, num_classes=vocab, vocab_size=vocab)
-    pool.preprocess = {**pool.preprocess, **({"tokenizer": "raw_bytes", "vocab_size": vocab} if tok is None
-                                             else tok.to_preprocess())}
-    pool.notes = {**pool.notes, "corpus_files": index.corpus_files, "corpus_bytes": index.corpus_bytes,
-                  "token_shards": index.summary()}
-    if tok is not None:
-        pool.notes["tokenizer"] = tokenizer_note(tok, {"corpus_tokens": index.tokens})
-    return pool
-
-
-def corpus_tokenizer(cfg: DataConfig, corpus: Corpus, stored: Optional[dict[str, Any]]) -> Optional[TextTokenizer]:
-    """None for raw bytes; else the stored tokenizer, the model's, or a BPE trained once per corpus on the text the
-    contiguous split trains on (its leading share) and reused from then on."""
-    if not is_stored(stored) and cfg.tokenizer not in ("model", "bpe"):
-        return None
-    share = 1 - cfg.val_fraction - cfg.test_fraction
-    choose = lambda: choose_tokenizer(cfg, lambda: corpus.train_texts(share), stored)  # noqa: E731
-    if is_stored(stored) or cfg.tokenizer == "model":
-        return choose()
-    settings = {"bpe": cfg.tokenizer_args.model_dump(), "train_share": share, "max_bytes": BPE_TRAIN_MAX_BYTES}
-    return trained_once(corpus, settings, choose)
-
-
-def tokenizer_note(tok: TextTokenizer, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": tok.kind, "origin": tok.origin, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, **extra}
 
 
 def model_preprocessing(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Optional[ImagePreprocess]:

@@ -13,7 +13,6 @@ import numpy as np
 import torch
 
 from trainforge.data.base import DataInfo
-from trainforge.data.formats.token_shards import Corpus
 
 DROP_REASONS = ("duplicate", "corrupt", "nonfinite", "bad_label", "empty_text")
 MAX_DROP_EXAMPLES = 5
@@ -47,40 +46,6 @@ class TensorSamples:
     def subset(self, keep: np.ndarray) -> "TensorSamples":
         keep_t = torch.as_tensor(keep, dtype=torch.long)
         return TensorSamples(self.x[keep_t], self.y[keep_t], [self.ids[i] for i in keep])
-
-
-class TextSamples:
-    """Texts with their labels before tokenization (`data.tokenizer: model | bpe`): the pipeline splits them,
-    fits the tokenizer on the train part, and turns them into `TensorSamples` of token ids."""
-
-    def __init__(self, texts: list[str], y: torch.Tensor, ids: list[str], seq_len: int) -> None:
-        assert len(texts) == len(y) == len(ids), (len(texts), len(y), len(ids))
-        self.texts, self.y, self.ids, self.seq_len = texts, y, ids, seq_len
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise TypeError("TextSamples are tokenized by the pipeline before they are read")
-
-    def subset(self, keep: np.ndarray) -> "TextSamples":
-        return TextSamples([self.texts[i] for i in keep], self.y[torch.as_tensor(keep, dtype=torch.long)],
-                           [self.ids[i] for i in keep], self.seq_len)
-
-
-class TextCorpus:
-    """A language-modelling corpus before tokenization: `corpus` says what to read (data/formats/token_shards.py: text files, or
-    the text column of data files); the pipeline tokenizes it once into memory-mapped token shards and cuts
-    `block_size + 1` windows."""
-
-    def __init__(self, corpus: Corpus, block_size: int) -> None:
-        self.corpus, self.block_size = corpus, block_size
-
-    def __len__(self) -> int:
-        return 0  # no sample before it is tokenized
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise TypeError("a TextCorpus is tokenized by the pipeline before it is read")
 
 
 class DropLog:

@@ -34,7 +34,7 @@ from trainforge.config import Config
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.stages.loader import TrainBatches, make_eval_loader
 from trainforge.data.summary import runtime_line
-from trainforge.data.text.tokenizer import save_tokenizer
+from trainforge.data.text import save_tokenizer
 from trainforge.engine.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.errors import JobFailed
 from trainforge.files import write_text_atomic

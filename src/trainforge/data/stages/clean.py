@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from trainforge.config import CleanConfig
-from trainforge.data.pool import DropLog, Pool, TensorSamples, TextSamples
+from trainforge.data.pool import DropLog, Pool, TensorSamples
 
 
 def first_occurrences(hashes: Iterable[bytes]) -> np.ndarray:
@@ -98,7 +98,6 @@ def _drop(log: DropLog, reason: str, samples: Any, keep: np.ndarray,
 def clean_text_pool(pool: Pool, cfg: CleanConfig) -> Pool:
     """Drop exact duplicate texts (keeping the first), per `cfg`; before tokenization, so before the split."""
     samples = pool.samples
-    assert isinstance(samples, TextSamples)
     if not cfg.dedup:
         return pool
     keep = np.ones(len(samples), dtype=bool)
