@@ -1,5 +1,6 @@
 """Each decision has one implementation (issue 13): the run's setup, the largest micro-batch that fits,
-precision, the OOM shrink rule, atomic writes, the CPU count. A second copy of any of them would drift from the first."""
+precision, the OOM shrink rule, atomic writes, the CPU count. A second copy of any of them would drift from the
+first."""
 from __future__ import annotations
 
 import ast

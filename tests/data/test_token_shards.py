@@ -1,5 +1,6 @@
-"""Token shards (data/formats/token_shards.py) and `trainforge data prepare`: a language-modelling corpus tokenized once into
-memory-mapped shards, reused by every later run, prepared again when a file changes, once for two processes."""
+"""Token shards (data/formats/token_shards.py) and `trainforge data prepare`: a language-modelling corpus tokenized
+once into memory-mapped shards, reused by every later run, prepared again when a file changes, once for two
+processes."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,7 @@
-"""source -> clean -> [model's resize + crop] -> split -> normalize (fit on train) -> augment (train only) -> DataBundle."""
+"""source -> clean -> [model's resize + crop] -> split -> normalize (fit on train) -> augment (train only) -> DataBundle.
+
+What a kind of samples needs on the way (cleaning, tokenizing, packing, which split) the pipeline asks of the samples
+(`Samples` in data/pool.py) instead of testing their class, so a new kind needs no change here."""
 from __future__ import annotations
 
 import warnings
@@ -9,6 +12,10 @@ import numpy as np
 import torch
 
 from trainforge.config import AugmentConfig, DataConfig
+from trainforge.data.base import DataBundle, DataInfo
+from trainforge.data.image.preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
+from trainforge.data.pool import Pool, Samples, SampleUnreadable
+from trainforge.data.sources import SOURCES
 from trainforge.data.stages.augment import (
     Augment,
     TextAugment,
@@ -17,18 +24,11 @@ from trainforge.data.stages.augment import (
     image_ops_set,
     text_ops_set,
 )
-from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.stages.clean import clean_tensor_pool, clean_text_pool, drop_failed_before
+from trainforge.data.stages.clean import drop_failed_before
 from trainforge.data.stages.datasets import EvalDataset, TrainDataset
-from trainforge.data.image.preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
 from trainforge.data.stages.loader import ShardOrder
 from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
-from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples
-from trainforge.data.sources import SOURCES
-from trainforge.data.sources.chat import ChatExamples
 from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
-from trainforge.data.text.chat import ChatTokens, pack_chat, tokenize_chat
-from trainforge.data.text.tokenize import TextCorpus, TextSamples, choose_tokenizer, tokenize_corpus, tokenize_texts
 from trainforge.errors import UserError
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
@@ -54,14 +54,7 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     if isinstance(result, DataBundle):  # a custom factory built everything itself
         return result
     pool = result
-    if isinstance(pool.samples, TensorSamples):
-        pool = clean_tensor_pool(pool, cfg.clean)
-    elif isinstance(pool.samples, TextSamples):
-        pool = clean_text_pool(pool, cfg.clean)
-    elif isinstance(pool.samples, TextCorpus):  # the windows exist only once the corpus is tokenized (into shards)
-        pool = tokenize_corpus(pool, cfg, stored)
-    elif isinstance(pool.samples, ChatExamples):  # rendered and tokenized whole: too-long ones dropped before the split
-        pool = tokenize_chat(pool, choose_tokenizer(cfg, lambda: [], stored), stored)
+    pool = pool.samples.before_split(pool, cfg, stored)  # cleaned; a corpus or conversations tokenized
     if pool.failed_before is not None:  # files an earlier run could not decode (image folders)
         pool = drop_failed_before(pool, stored)
     if len(pool.samples) == 0:
@@ -76,11 +69,7 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         if spec is not None:
             pool = preprocess_images(pool, spec, cfg)
     splits, method = split_pool(pool, cfg, seed)
-    if isinstance(pool.samples, ChatTokens):  # split by conversation, then each split's laid into its own windows
-        pool, splits = pack_chat(pool, splits)
-    if isinstance(pool.samples, TextSamples):  # the tokenizer is fitted on the train split only, like normalization
-        texts = pool.samples.texts
-        pool = tokenize_texts(pool, choose_tokenizer(cfg, lambda: [texts[i] for i in splits["train"]], stored))
+    pool, splits = pool.samples.after_split(pool, splits, cfg, stored)  # texts tokenized; conversations packed
     info = pool.info
     if cfg.tokenizer is not None and info.modality != "text":
         warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
@@ -132,7 +121,7 @@ def model_preprocessing(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, 
     return resolve_image_preprocess(cfg.from_model)
 
 
-class ModelSizedTensors:
+class ModelSizedTensors(Samples):
     """The samples of a source that holds images as tensors (digits, synthetic images, a custom source), resized
     and cropped as the pretrained model expects; the pixel scale stays the source's."""
 
@@ -203,9 +192,7 @@ def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
         return pool.splits, "prepared"
     if pool.test_indices is not None:
         return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
-    if isinstance(pool.samples, ChatTokens):  # independent conversations, not windows of one text
-        return random_split(None, n, cfg.val_fraction, cfg.test_fraction, seed)
-    if pool.info.task == "lm":
+    if pool.info.task == "lm" and pool.samples.contiguous:
         return contiguous_split(n, cfg.val_fraction, cfg.test_fraction), "contiguous"
     return random_split(pool.labels, n, cfg.val_fraction, cfg.test_fraction, seed)
 
@@ -222,8 +209,9 @@ def stats_batches(pool: Pool, train: np.ndarray, seed: int, sampled: dict[str, A
     """Raw train samples in batches: all of them when in memory, else `stats_sample`'s (a sample that cannot be
     read is skipped). `sampled` gets what was looked at (lazy samples only): samples, of, seed, unreadable."""
     samples = pool.samples
-    if isinstance(samples, TensorSamples):
-        yield samples.x[torch.as_tensor(train)]
+    held = samples.in_memory(train)
+    if held is not None:
+        yield held
         return
     chosen = stats_sample(train, seed)
     sampled.update(samples=len(chosen), of=len(train), seed=seed, unreadable=0)

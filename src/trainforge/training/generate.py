@@ -9,11 +9,12 @@ loaded by the same `load_trained`. The text is encoded with the run's own stored
 a subword tokenizer rebuilt as a transformers `PreTrainedTokenizerFast` from the files kept in the run's
 preprocessing record, or the byte rules for `raw_bytes` runs (`codec_for` of `trainforge.data.text`). A plain
 prompt is encoded the way the run's training text was (`TextTokenizer.encode_stream`: no special tokens), so
-generation continues it as it would continue a document. `--chat` renders the prompt as one user message with the run's chat template
-(the one a `data.source: chat` run trained with, else the tokenizer's own) and its generation prompt, and stops
-at the end of the assistant's turn: the template's end-of-turn token, or its end-of-turn text (e.g. `<|im_end|>`
-in a tokenizer that lacks it as a token), which is then left out of the text. A tokenizer without a chat template
-is an error rather than a fallback to chatml: a model never trained on a template does not follow it.
+generation continues it as it would continue a document. `--chat` renders the prompt as one user message with the
+run's chat template (the one a `data.source: chat` run trained with, else the tokenizer's own) and its generation
+prompt, and stops at the end of the assistant's turn: the template's end-of-turn token, or its end-of-turn text
+(e.g. `<|im_end|>` in a tokenizer that lacks it as a token), which is then left out of the text. A tokenizer without
+a chat template is an error rather than a fallback to chatml: a model never trained on a template does not follow
+it.
 
 Models: `model.name: hf` causal LMs generate with transformers' own `generate` (KV cache); the zoo's `gpt`
 with a short loop here (it has no KV cache: each step reruns the last block_size tokens). Sampling is

@@ -50,7 +50,8 @@ from trainforge.confine import check_read
 from trainforge.data.text.codec import ShardTokenizer, Subword
 from trainforge.data.text.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
-from trainforge.files import file_lock, fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic
+from trainforge.files import (file_lock, fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic,
+                              write_text_atomic)
 from trainforge.hardware.cpus import available_cpus
 
 FORMAT = 1  # of index.json and the shard files; another format is another key

@@ -20,9 +20,10 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import DropLog, Pool
+from trainforge.data.pool import DropLog, Pool, Samples
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
-from trainforge.data.text.chat import Message
+from trainforge.data.text.chat import Message, tokenize_chat
+from trainforge.data.text.tokenize import choose_tokenizer
 from trainforge.errors import UserError
 
 CHAT_DROP_REASONS = ("duplicate", "corrupt", "empty_text", "too_long")
@@ -36,7 +37,7 @@ class ChatArgs(SourceArgs):
     pack: bool = False
 
 
-class ChatExamples:
+class ChatExamples(Samples):
     """Conversations before tokenization: the pipeline renders and tokenizes them (`tokenize_chat`)."""
 
     def __init__(self, conversations: list[list[Message]], ids: list[str], args: ChatArgs) -> None:
@@ -48,6 +49,10 @@ class ChatExamples:
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError("ChatExamples are tokenized by the pipeline before they are read")
+
+    def before_split(self, pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
+        # rendered and tokenized whole: too-long ones are dropped before the split
+        return tokenize_chat(pool, choose_tokenizer(cfg, lambda: [], stored), stored)
 
 
 @SOURCES.register("chat")

@@ -5,8 +5,8 @@ the hub by name.
     data: {source: hf_datasets, path: reviews.parquet, args: {text_column: review, label_column: stars}}
 
 `data.path` is a file or a folder (its files of one format, sorted). Without `label_column` the text column is a
-language-modelling corpus, a row a document, tokenized once into token shards (data/formats/token_shards.py, a task per file)
-like a `textfile` corpus. With it, the rows are text-classification records handled as `jsonl` handles its lines
+language-modelling corpus, a row a document, tokenized once into token shards (data/formats/token_shards.py, a task
+per file) like a `textfile` corpus. With it, the rows are text-classification records handled as `jsonl` handles its lines
 (the same drops, labels, `classes` and tokenizers). Local files are streamed: nothing is copied to a cache.
 
 A name that is no local path (`org/dataset`) is loaded from the Hugging Face cache, or from the hub when it is

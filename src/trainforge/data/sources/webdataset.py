@@ -26,14 +26,14 @@ from trainforge.data.base import DataInfo
 from trainforge.data.image.preprocess import ImagePreprocess
 from trainforge.data.image.read import read_image, read_model_image
 from trainforge.data.formats.manifest import FailureLog, manifest_dir
-from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
+from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, Samples, SampleUnreadable
 from trainforge.confine import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.formats.tar_shards import INDEX, SPLITS, TarShards
 from trainforge.errors import UserError
 
 
-class ShardImages:
+class ShardImages(Samples):
     """The images of a prepared directory (all splits); sample i is read from its shard and decoded when asked."""
 
     def __init__(self, tars: TarShards, image_size: int, grayscale: bool,

@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 import torch
 
+from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import Pool
+from trainforge.data.pool import Pool, Samples
 from trainforge.data.text.chat_templates import DEFAULT_TEMPLATE, TEMPLATES
 from trainforge.data.text.tokenizer import ENCODE_CHUNK, TextTokenizer, tokenizer_note
 from trainforge.errors import quote
@@ -47,9 +48,11 @@ Message = dict[str, str]
 Render = Callable[[list[Message], bool], str]
 
 
-class ChatTokens:
+class ChatTokens(Samples):
     """Tokenized conversations, flat: conversation i is tokens[starts[i]:starts[i + 1]]; `loss` marks the tokens
     that carry loss (never a conversation's first one). The pipeline splits them and lays them into windows."""
+
+    contiguous = False  # independent conversations, not windows of one text: split at random
 
     def __init__(self, tokens: np.ndarray, loss: np.ndarray, starts: np.ndarray, ids: list[str], args: ChatArgs,
                  pad_id: int) -> None:
@@ -69,8 +72,12 @@ class ChatTokens:
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError("ChatTokens are laid out in windows by the pipeline before they are read")
 
+    def after_split(self, pool: Pool, splits: dict[str, np.ndarray], cfg: DataConfig,
+                    stored: Optional[dict[str, Any]]) -> tuple[Pool, dict[str, np.ndarray]]:
+        return pack_chat(pool, splits)  # split by conversation, then each split's laid into its own windows
 
-class ChatWindows:
+
+class ChatWindows(Samples):
     """The samples: window k holds conversations order[bounds[k]:bounds[k + 1]], built on demand (module doc)."""
 
     def __init__(self, tokens: ChatTokens, order: np.ndarray, bounds: np.ndarray) -> None:

@@ -17,14 +17,15 @@ import torch
 
 from trainforge.config import DataConfig
 from trainforge.data.formats.token_shards import BPE_TRAIN_MAX_BYTES, Corpus, TokenShards, prepare_shards, trained_once
-from trainforge.data.pool import Pool, TensorSamples
+from trainforge.data.pool import Pool, Samples, TensorSamples
+from trainforge.data.stages.clean import clean_text_pool
 from trainforge.data.text.byte_level import RAW_BYTES_VOCAB_SIZE
 from trainforge.data.text.codec import RawBytes, Subword
 from trainforge.data.text.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, tokenizer_note, train_bpe
 from trainforge.errors import UserError
 
 
-class TextSamples:
+class TextSamples(Samples):
     """Texts with their labels before tokenization (`data.tokenizer: model | bpe`): the pipeline splits them,
     fits the tokenizer on the train part, and turns them into `TensorSamples` of token ids."""
 
@@ -42,11 +43,19 @@ class TextSamples:
         return TextSamples([self.texts[i] for i in keep], self.y[torch.as_tensor(keep, dtype=torch.long)],
                            [self.ids[i] for i in keep], self.seq_len)
 
+    def before_split(self, pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
+        return clean_text_pool(pool, cfg.clean)  # duplicate texts dropped
 
-class TextCorpus:
-    """A language-modelling corpus before tokenization: `corpus` says what to read (data/formats/token_shards.py: text files, or
-    the text column of data files); the pipeline tokenizes it once into memory-mapped token shards and cuts
-    `block_size + 1` windows."""
+    def after_split(self, pool: Pool, splits: dict[str, np.ndarray], cfg: DataConfig,
+                    stored: Optional[dict[str, Any]]) -> tuple[Pool, dict[str, np.ndarray]]:
+        texts = self.texts
+        return tokenize_texts(pool, choose_tokenizer(cfg, lambda: [texts[i] for i in splits["train"]], stored)), splits
+
+
+class TextCorpus(Samples):
+    """A language-modelling corpus before tokenization: `corpus` says what to read (data/formats/token_shards.py: text
+    files, or the text column of data files); the pipeline tokenizes it once into memory-mapped token shards and cuts
+    `block_size + 1` windows (`tokenize_corpus`)."""
 
     def __init__(self, corpus: Corpus, block_size: int) -> None:
         self.corpus, self.block_size = corpus, block_size
@@ -57,8 +66,11 @@ class TextCorpus:
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise TypeError("a TextCorpus is tokenized by the pipeline before it is read")
 
+    def before_split(self, pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
+        return tokenize_corpus(pool, cfg, stored)  # the windows exist only once the corpus is tokenized
 
-class TokenWindows:
+
+class TokenWindows(Samples):
     """Windows of block_size + 1 tokens over token shards, read on demand: the corpus is never in memory."""
 
     def __init__(self, shards: TokenShards, block_size: int) -> None:
@@ -94,7 +106,6 @@ def choose_tokenizer(cfg: DataConfig, train_texts: Callable[[], Iterable[str]],
 def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
     """TextSamples -> TensorSamples of (seq_len,) token ids; info gets the tokenizer's vocabulary and padding."""
     samples = pool.samples
-    assert isinstance(samples, TextSamples)
     x = torch.from_numpy(tok.encode_fixed(samples.texts, samples.seq_len))
     full = int((x[:, -1] != tok.pad_id).sum())  # the last position holds a token: (at least) filled, likely cut
     pool.samples = TensorSamples(x, samples.y, samples.ids)
@@ -105,10 +116,9 @@ def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
 
 
 def tokenize_corpus(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
-    """TextCorpus -> windows read from its token shards (data/formats/token_shards.py: tokenized once per corpus and tokenizer,
-    reused by every later run; no copy of the corpus in this process)."""
+    """TextCorpus -> windows read from its token shards (data/formats/token_shards.py: tokenized once per corpus and
+    tokenizer, reused by every later run; no copy of the corpus in this process)."""
     text = pool.samples
-    assert isinstance(text, TextCorpus)
     tok = corpus_tokenizer(cfg, text.corpus, stored)
     index = prepare_shards(text.corpus, RawBytes() if tok is None else Subword.of(tok))
     windows = TokenWindows(TokenShards(index), text.block_size)
