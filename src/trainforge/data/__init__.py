@@ -16,8 +16,25 @@ without importing torch.
 """
 from __future__ import annotations
 
+import sys
 from importlib import import_module
-from typing import Any
+from typing import Any, Callable
+
+
+def lazy_exports(package: str, exports: dict[str, str]) -> Callable[[str], Any]:
+    """A package's module `__getattr__` (PEP 562): `name` imported from the module `exports[name]` on first use, then
+    kept in the package (data/text uses it too)."""
+    namespace = sys.modules[package].__dict__
+
+    def __getattr__(name: str) -> Any:
+        if name not in exports:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(exports[name]), name)
+        namespace[name] = value
+        return value
+
+    return __getattr__
+
 
 _LAZY = {
     "DataBundle": "trainforge.data.base",
@@ -28,11 +45,4 @@ _LAZY = {
     "summarize": "trainforge.data.summary",
 }
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainforge.data' has no attribute {name!r}")
-    value = getattr(import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)

@@ -19,8 +19,7 @@ workers import no torch; `tokenize` and `chat` do.
 """
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from trainforge.data import lazy_exports
 
 _MODULES = {
     "byte_level": ("encode", "decode", "encode_raw", "decode_raw", "PAD_ID", "BYTES_VOCAB_SIZE",
@@ -34,11 +33,4 @@ _MODULES = {
 }
 _LAZY = {name: f"trainforge.data.text.{module}" for module, names in _MODULES.items() for name in names}
 __all__ = sorted(_LAZY)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'trainforge.data.text' has no attribute {name!r}")
-    value = getattr(import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
