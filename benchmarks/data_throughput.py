@@ -84,7 +84,7 @@ def startup(root: Path, image_size: int, workers: int) -> dict[str, float]:
     from torchvision.datasets import ImageFolder
 
     from trainforge.data import build_data
-    from trainforge.data.manifest import folder_manifest
+    from trainforge.data.formats.manifest import folder_manifest
 
     out: dict[str, float] = {}
     out["torchvision_listing_s"], _ = timed(lambda: ImageFolder(str(root)))
@@ -122,7 +122,7 @@ class TrainforgeSide:
     def __init__(self, root: Path, *, image_size: int, batch_size: int, workers: int, seed: int,
                  source: str = "imagefolder") -> None:
         from trainforge.data import build_data
-        from trainforge.data.loader import TrainBatches
+        from trainforge.data.stages.loader import TrainBatches
 
         self.bundle = build_data(data_config(root, image_size, workers, source), seed=seed)
         self.batches = TrainBatches(self.bundle.train, seed=seed, micro_batch_size=batch_size,

@@ -79,7 +79,8 @@ from transformers.optimization import get_cosine_schedule_with_warmup
 import trainforge
 from trainforge.config import Config, config_from_dict
 from trainforge.data import build_data
-from trainforge.data.loader import available_cpus, epoch_order
+from trainforge.data.stages.loader import epoch_order
+from trainforge.hardware.cpus import available_cpus
 from trainforge.engine.metrics import read_metrics
 from trainforge.engine.optim import param_groups
 from trainforge.engine.schedule import lr_at

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainforge.config import Config, config_from_dict
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
-from trainforge.data.loader import available_cpus
+from trainforge.hardware.cpus import available_cpus
 from trainforge.models import build_model
 from trainforge.training.run import run
 from trainforge.engine.metrics import read_metrics

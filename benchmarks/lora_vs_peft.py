@@ -92,7 +92,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Llam
 
 from trainforge.config import Config
 from trainforge.data import build_data
-from trainforge.data.loader import epoch_order
+from trainforge.data.stages.loader import epoch_order
 
 GOAL_RATIO = 1.0
 TARGETS = ["q_proj", "v_proj"]

@@ -1,4 +1,4 @@
-"""trainforge.files: atomic writes, the one implementation everything uses."""
+"""trainforge.files: atomic writes and file locks, the one implementation of each that everything uses."""
 from __future__ import annotations
 
 import ast
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trainforge.files import write_json_atomic, write_text_atomic
+from trainforge.files import file_lock, lock_file, write_json_atomic, write_text_atomic
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainforge"
 
@@ -44,3 +44,29 @@ def test_one_implementation_of_the_atomic_write():
             if isinstance(node, ast.FunctionDef) and "atomic" in node.name and "write" in node.name:
                 writers.append(f"{path.relative_to(SRC)}:{node.name}")
     assert sorted(writers) == ["files.py:write_json_atomic", "files.py:write_text_atomic"], writers
+
+
+def test_a_lock_is_exclusive_or_shared_among_readers(tmp_path):
+    path = tmp_path / "x.lock"
+    waited = []
+    with file_lock(path, shared=True), file_lock(path, shared=True, on_wait=lambda: waited.append(1)):
+        assert waited == []  # readers share it
+        assert lock_file(path, wait=False) is None  # a writer does not get it meanwhile
+    with file_lock(path):
+        assert lock_file(path, shared=True, wait=False) is None
+    fd = lock_file(path, wait=False)  # free again once the blocks ended
+    assert fd is not None
+    os.close(fd)
+
+
+def test_one_implementation_of_the_file_lock():
+    """The folder manifests, the token shards and the job server lock through files.lock_file (the token shards
+    had a second implementation, with the filelock library)."""
+    lockers = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                node.module] if isinstance(node, ast.ImportFrom) else []
+            if any(n in ("fcntl", "filelock") for n in names):
+                lockers.append(str(path.relative_to(SRC)))
+    assert lockers == ["files.py"], lockers

@@ -1,6 +1,6 @@
 """Each decision has one implementation (issues 13 and 27): the run's setup, the largest micro-batch that fits,
-precision, the device, the pre-flight, the OOM shrink rule, atomic writes. A second copy of any of them would drift
-from the first."""
+precision, the device, the pre-flight, the OOM shrink rule, atomic writes, the CPU count. A second copy of any of
+them would drift from the first."""
 from __future__ import annotations
 
 import ast
@@ -42,6 +42,7 @@ def test_each_decision_has_one_implementation():
     assert definitions("resolve_precision") == ["engine/precision.py"]
     assert definitions("shrink_micro_batch") == ["engine/microbatch.py"]
     assert definitions("write_text_atomic") == ["files.py"]
+    assert definitions("available_cpus") == ["hardware/cpus.py"]  # how many worker processes the data stage starts
 
 
 def test_only_the_one_search_walks_the_candidate_micro_batches():

@@ -36,7 +36,7 @@ class Section(BaseModel):
 
 class AugmentConfig(Section):
     """Train-split augmentation; all off by default. Images: torchvision.transforms.v2 ops; text
-    classification: the token_* ops (trainforge.data.augment.TextAugment)."""
+    classification: the token_* ops (trainforge.data.stages.augment.TextAugment)."""
 
     rotation_deg: float = Field(0.0, ge=0, le=180)
     crop_scale: Optional[tuple[float, float]] = None  # RandomResizedCrop scale range, e.g. [0.8, 1.0]
@@ -86,7 +86,7 @@ class DataConfig(Section):
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.2, ge=0, lt=1)
     # images and tabular data: fitted on the train split (zscore, minmax) or none; images: model = resized, cropped
-    # and normalized as data.from_model expects (trainforge.data.image_preprocess), stored with the run
+    # and normalized as data.from_model expects (trainforge.data.image.preprocess), stored with the run
     normalize: Literal["zscore", "minmax", "none", "model"] = "zscore"
     # text: None = the source's own (bytes for jsonl, raw_bytes for textfile); model = data.from_model's
     # tokenizer (AutoTokenizer); bpe = trained on the training split, stored with the run

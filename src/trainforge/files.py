@@ -9,17 +9,22 @@ The text goes to a temporary file beside the target (unique per process and thre
 fsynced, renamed over the target, and the directory is fsynced so the rename itself survives a power
 loss. Standard library only: `trainforge predict` runs where torch is absent.
 
+`file_lock(path)` holds a lock file for a block (`fcntl.flock`: exclusive, or shared among readers), so that one
+process does what others then reuse: a folder's scan, a corpus' token shards, a trained tokenizer; `lock_file` holds
+one for as long as its descriptor stays open (one server per state directory).
+
 `trainforge_home()` is the per-user folder of what trainforge remembers between runs (calibration factors,
 folder manifests, token shards): `$TRAINFORGE_HOME`, default `~/.cache/trainforge`. `shared_homes()` are others
 to reuse prepared data from without writing them ($TRAINFORGE_SHARED_HOME).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator, Optional
 
 from trainforge.errors import UserError
 
@@ -83,3 +88,42 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o666) -> None:
 def write_json_atomic(path: Path, doc: Any, mode: int = 0o666, **dumps: Any) -> None:
     """`doc` as JSON (json.dumps keyword arguments in `dumps`, e.g. indent=1), atomically."""
     write_text_atomic(path, json.dumps(doc, **dumps), mode=mode)
+
+
+def lock_file(path: Path, *, shared: bool = False, wait: bool = True, on_wait: Optional[Callable[[], None]] = None,
+              mode: int = 0o666) -> Optional[int]:
+    """A descriptor of `path` (created with `mode` if missing; the umask applies) that holds its lock: exclusive, or
+    `shared` with the other shared holders. When another process holds it, wait (calling `on_wait` first), or with
+    `wait=False` return None. Closing the descriptor releases the lock, and so does the end of the process, however it
+    ends; the descriptor is not inherited by programs the process starts."""
+    # flock rather than the filelock library: shared locks for readers, the kernel's release when a holder dies, and no
+    # dependency (filelock's Unix lock is this same call). Imported here: Unix only, and the rest of this module is not
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+    op = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+    try:
+        try:
+            fcntl.flock(fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                os.close(fd)
+                return None
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, op)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, *, shared: bool = False, on_wait: Optional[Callable[[], None]] = None) -> Iterator[None]:
+    """Hold the lock file `path` for the block (see `lock_file`); `on_wait` is called once if it must wait for it."""
+    fd = lock_file(path, shared=shared, on_wait=on_wait)
+    assert fd is not None
+    try:
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainforge.compression.serving import normalization, normalize
-from trainforge.data.normalize import Normalizer, fit_normalizer
+from trainforge.data.stages.normalize import Normalizer, fit_normalizer
 from trainforge.errors import UserError
 
 

@@ -12,7 +12,7 @@ from tiny_models import save_tiny_llama
 
 import trainforge
 from trainforge.data import build_data
-from trainforge.data.chat_templates import TEMPLATES
+from trainforge.data.text.chat_templates import TEMPLATES
 from trainforge.data.summary import summarize
 
 BASE = ["data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none"]

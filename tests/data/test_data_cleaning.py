@@ -11,7 +11,7 @@ from data_helpers import data_cfg
 from trainforge.config import CleanConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
-from trainforge.data.clean import clean_tensor_pool, first_occurrences
+from trainforge.data.stages.clean import clean_tensor_pool, first_occurrences
 from trainforge.data.pool import Pool, TensorSamples
 from trainforge.errors import UserError
 

@@ -6,7 +6,7 @@ import torch
 
 from data_helpers import data_cfg
 from trainforge.data import build_data
-from trainforge.data.loader import (
+from trainforge.data.stages.loader import (
     PositionBatchSampler,
     epoch_order,
     make_eval_loader,
@@ -118,7 +118,7 @@ def test_eval_loader_covers_every_sample_in_order(augmented_bundle):
 
 
 def test_resolve_num_workers(monkeypatch):
-    import trainforge.data.loader as loader
+    import trainforge.data.stages.loader as loader
 
     assert resolve_num_workers(3, "cuda") == 3
     assert resolve_num_workers("auto", "cpu") == 0

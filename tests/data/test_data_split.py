@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainforge.data.split import can_stratify, carve_val, contiguous_split, random_split, split_counts
+from trainforge.data.stages.split import can_stratify, carve_val, contiguous_split, random_split, split_counts
 from trainforge.errors import UserError
 
 

@@ -11,8 +11,9 @@ from safetensors.torch import load_file
 import trainforge
 from data_helpers import data_cfg
 from trainforge.config import AugmentConfig
-from trainforge.data import build_data, text
-from trainforge.data.augment import MIN_WINDOW_TOKENS, build_text_augment
+from trainforge.data import build_data
+from trainforge.data.text import byte_level as text
+from trainforge.data.stages.augment import MIN_WINDOW_TOKENS, build_text_augment
 from trainforge.data.seeding import generator_for
 from trainforge.errors import UserError
 

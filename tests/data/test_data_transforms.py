@@ -10,8 +10,8 @@ import torch
 from data_helpers import data_cfg
 from trainforge.config import AugmentConfig
 from trainforge.data import build_data
-from trainforge.data.augment import build_augment, crop_box
-from trainforge.data.normalize import Normalizer, fit_normalizer
+from trainforge.data.stages.augment import build_augment, crop_box
+from trainforge.data.stages.normalize import Normalizer, fit_normalizer
 from trainforge.data.seeding import derive_seed, generator_for
 
 ALL_AUGMENTS = {"rotation_deg": 30, "crop_scale": [0.5, 1.0], "hflip": 0.5, "vflip": 0.5, "color_jitter": 0.4}

@@ -12,7 +12,7 @@ import pytest
 
 from trainforge.config import load_config
 from trainforge.data import build_data
-from trainforge.data.tokenizer import TextTokenizer
+from trainforge.data.text.tokenizer import TextTokenizer
 from trainforge.errors import UserError
 from tiny_models import corpus, save_tiny_bert
 

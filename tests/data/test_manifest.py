@@ -17,8 +17,9 @@ from PIL import Image, ImageFile
 
 import trainforge
 from data_helpers import data_cfg, write_png
-from trainforge.data import build_data, manifest
-from trainforge.data.loader import PositionBatchSampler, make_train_loader
+from trainforge.data import build_data
+from trainforge.data.formats import manifest
+from trainforge.data.stages.loader import PositionBatchSampler, make_train_loader
 from trainforge.data.summary import summarize
 
 SRC = str(Path(trainforge.__file__).resolve().parents[1])  # this tree's src: subprocesses must import it too
@@ -218,7 +219,7 @@ def test_normalization_comes_from_a_seeded_sample_of_the_train_split(folder, mon
 
 def test_concurrent_processes_scan_once(folder, home):
     """Three processes scan the same folder at once: one reads the files, the others wait and reuse its manifest."""
-    code = ("import sys, pathlib; from trainforge.data.manifest import folder_manifest; "
+    code = ("import sys, pathlib; from trainforge.data.formats.manifest import folder_manifest; "
             "r = folder_manifest(pathlib.Path(sys.argv[1])).report; print(r['status'], r['read'])")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]),
                TRAINFORGE_HOME=str(home))

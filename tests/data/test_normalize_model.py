@@ -17,8 +17,8 @@ from trainforge.cli import main
 from trainforge.compression import artifact
 from trainforge.compression.serving import READERS
 from trainforge.config import Config, DataConfig, FromModelConfig, load_config
-from trainforge.data.image_preprocess import ImagePreprocess
-from trainforge.data.normalize import Normalizer
+from trainforge.data.image.preprocess import ImagePreprocess
+from trainforge.data.stages.normalize import Normalizer
 from trainforge.data.pipeline import build_data
 from trainforge.errors import UserError
 

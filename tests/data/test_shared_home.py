@@ -11,7 +11,8 @@ import numpy as np
 
 from data_helpers import data_cfg, write_png
 from trainforge.data import build_data
-from trainforge.data.shards import RawBytes, TextFiles, prepare_shards
+from trainforge.data.formats.token_shards import TextFiles, prepare_shards
+from trainforge.data.text.codec import RawBytes
 
 
 def files_under(folder: Path) -> set[str]:

@@ -1,5 +1,6 @@
-"""Token shards (data/shards.py) and `trainforge data prepare`: a language-modelling corpus tokenized once into
-memory-mapped shards, reused by every later run, prepared again when a file changes, once for two processes."""
+"""Token shards (data/formats/token_shards.py) and `trainforge data prepare`: a language-modelling corpus tokenized
+once into memory-mapped shards, reused by every later run, prepared again when a file changes, once for two
+processes."""
 from __future__ import annotations
 
 import json
@@ -15,10 +16,11 @@ import torch
 import trainforge
 from trainforge.config import load_config
 from trainforge.data import build_data
-from trainforge.data import shards as shards_mod
+from trainforge.data.formats import token_shards as shards_mod
 from trainforge.data.prepare import prepare_data
-from trainforge.data.shards import RawBytes, Subword, TextFiles, TokenShards, prepare_shards, read_index
-from trainforge.data.tokenizer import TextTokenizer, train_bpe
+from trainforge.data.formats.token_shards import TextFiles, TokenShards, prepare_shards, read_index
+from trainforge.data.text.codec import RawBytes, Subword
+from trainforge.data.text.tokenizer import TextTokenizer, train_bpe
 from trainforge.errors import UserError
 from tiny_models import corpus, save_tiny_llama
 
@@ -94,7 +96,7 @@ def test_bpe_is_trained_once_on_the_train_text_and_resume_reuses_its_shards(tmp_
     cfg = lm_cfg(tmp_path / "docs", "data.tokenizer=bpe", "data.tokenizer_args.vocab_size=300")
     first = build_data(cfg.data, seed=0)
     trained = []
-    monkeypatch.setattr("trainforge.data.pipeline.train_bpe", lambda *a, **k: trained.append(1))
+    monkeypatch.setattr("trainforge.data.text.tokenize.train_bpe", lambda *a, **k: trained.append(1))
     again = build_data(cfg.data, seed=0)  # the BPE of this corpus and settings is kept: not trained again
     resumed = build_data(cfg.data, seed=0, stored=first.preprocess)  # resume: the run's stored tokenizer
     assert not trained
@@ -163,7 +165,7 @@ def test_data_prepare_cli_two_processes_at_once_tokenize_once(tmp_path, home):
     assert results[0]["directory"] == results[1]["directory"]
     assert str(home) in results[0]["directory"] and results[0]["tokens"] == corpus_file.stat().st_size
     assert len([d for d in (home / "tokens").iterdir() if d.is_dir()]) == 1
-    import trainforge.data.shards as imported  # the subprocesses ran this tree's code
+    import trainforge.data.formats.token_shards as imported  # the subprocesses ran this tree's code
     assert Path(imported.__file__).resolve().is_relative_to(SRC)
 
     rebuilt = cli(*args, "--rebuild")

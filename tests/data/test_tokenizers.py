@@ -12,7 +12,7 @@ from tiny_models import corpus, save_tiny_bert, save_tiny_llama
 import trainforge
 from trainforge.compression.serving import READERS
 from trainforge.data import build_data
-from trainforge.data.tokenizer import TextTokenizer, train_bpe
+from trainforge.data.text.tokenizer import TextTokenizer, train_bpe
 
 BASE = ["data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none"]
 

@@ -22,9 +22,9 @@ import trainforge
 from data_helpers import data_cfg, write_png
 from trainforge.cli import main
 from trainforge.data import build_data
-from trainforge.data.loader import ShardBatchSampler, ShardOrder, TrainBatches, epoch_samples
+from trainforge.data.stages.loader import ShardBatchSampler, ShardOrder, TrainBatches, epoch_samples
 from trainforge.data.prepare import prepare_data
-from trainforge.data.tar_shards import TarShards, iter_members
+from trainforge.data.formats.tar_shards import TarShards, iter_members
 from trainforge.errors import UserError
 
 SRC = str(Path(trainforge.__file__).resolve().parents[1])

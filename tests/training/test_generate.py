@@ -12,8 +12,8 @@ from tiny_models import corpus, save_tiny_llama
 import trainforge
 from trainforge.cli import main
 from trainforge.errors import UserError
-from trainforge.data.chat_templates import CHATML
-from trainforge.training.generate import Detokenizer, StoredTokenizer, codec_for, generate
+from trainforge.data.text import CHATML, StoredTokenizer, codec_for
+from trainforge.training.generate import Detokenizer, generate
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")

@@ -12,7 +12,7 @@ from trainforge.engine.env import DistEnv
 from trainforge.errors import JobFailed, UserError
 from trainforge.planning.auto import MemoryBudget
 from trainforge.planning.memory import SAFETY_MARGIN
-from trainforge.training import loop, run
+from trainforge.training import run
 from trainforge.training.setup import DataFacts, OOMNote, resolve
 from trainforge.training.state import RunFacts, TrainState
 from trainforge.engine.early_stop import EarlyStopper

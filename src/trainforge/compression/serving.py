@@ -5,10 +5,10 @@
         ...
 
 One reader per modality, chosen from the artifact's metadata (`trainforge.compression.artifact`):
-- image: image files, read in [0, 1] by `trainforge.data.imageio.read_image` (as the imagefolder
+- image: image files, read in [0, 1] by `trainforge.data.image.read.read_image` (as the imagefolder
   source reads them), scaled to the training `value_range` (lo + x * (hi - lo): digits' 0..16 ink
   counts), then normalized per channel; a model trained with `data.normalize: model` reads them resized and
-  cropped as its record says (`trainforge.data.image_preprocess`, as training read the files);
+  cropped as its record says (`trainforge.data.image.preprocess`, as training read the files);
 - text: text files (or `-`, standard input), each non-empty line one input, tokenized by the run's
   tokenizer (`bytes`: UTF-8 bytes + 1, padded; `none`: space-separated integer token ids);
 - tabular: CSV files (or `-`) whose header names the run's feature columns, normalized per feature.
@@ -30,7 +30,7 @@ from trainforge.errors import UserError
 from trainforge.registry import Registry
 
 STDIN = "-"
-STD_FLOOR = 1e-6  # trainforge.data.normalize.STD_FLOOR: the same floor on std and on max - min
+STD_FLOOR = 1e-6  # trainforge.data.stages.normalize.STD_FLOOR: the same floor on std and on max - min
 
 Sample = tuple[str, np.ndarray]  # (the input as the user knows it, one sample without the batch dimension)
 Reader = Callable[[Sequence[str]], Iterator[Sample]]
@@ -41,7 +41,7 @@ TOKENIZERS: Registry[Callable[[dict[str, Any], int], Callable[[str], list[int]]]
     "tokenizer", "preprocess.tokenizer")
 
 
-# ---- normalization: the numpy twin of trainforge.data.normalize.Normalizer --------------------------
+# ---- normalization: the numpy twin of trainforge.data.stages.normalize.Normalizer --------------------------
 
 
 def normalization(stats: Optional[dict[str, Any]], width: int, modality: str, artifact: str) -> Optional[tuple[np.ndarray, np.ndarray]]:
@@ -141,8 +141,8 @@ def text_lines(data: bytes) -> list[tuple[int, str]]:
 def image_file_reader(pre: dict[str, Any], shape: list[int], artifact: str) -> Callable[[str], np.ndarray]:
     """An image file -> float32 (C, H, W) in [0, 1], as training read it: resized and cropped as the pretrained model
     expects when the run recorded that (`image_preprocess`), else resized to the square input size."""
-    from trainforge.data.image_preprocess import ImagePreprocess  # Pillow + numpy; the code training used
-    from trainforge.data.imageio import read_image, read_model_image
+    from trainforge.data.image.preprocess import ImagePreprocess  # Pillow + numpy; the code training used
+    from trainforge.data.image.read import read_image, read_model_image
 
     channels, height, width = shape
     if pre.get("image_preprocess") is not None:
@@ -215,7 +215,7 @@ def integer_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[in
 @TOKENIZERS.register("bpe")
 def stored_tokens(pre: dict[str, Any], seq_len: int) -> Callable[[str], list[int]]:
     """The run's own subword tokenizer, from the files stored in its metadata (the `tokenizers` library only)."""
-    from trainforge.data.tokenizer import TextTokenizer, is_stored  # tokenizers + numpy, no torch
+    from trainforge.data.text import TextTokenizer, is_stored  # tokenizers + numpy, no torch
 
     if not is_stored(pre):
         raise ValueError("its metadata lacks the tokenizer's files")

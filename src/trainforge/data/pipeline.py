@@ -1,15 +1,22 @@
-"""source -> clean -> [model's resize + crop] -> split -> normalize (fit on train) -> augment (train only) -> DataBundle."""
+"""source -> clean -> [model's resize + crop] -> split -> normalize (fit on train) -> augment (train only) -> DataBundle.
+
+What a kind of samples needs on the way (cleaning, tokenizing, packing, which split) the pipeline asks of the samples
+(`Samples` in data/pool.py) instead of testing their class, so a new kind needs no change here."""
 from __future__ import annotations
 
 import warnings
 from dataclasses import replace
-from typing import Any, Callable, Iterable, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 import torch
 
 from trainforge.config import AugmentConfig, DataConfig
-from trainforge.data.augment import (
+from trainforge.data.base import DataBundle, DataInfo
+from trainforge.data.image.preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
+from trainforge.data.pool import Pool, Samples, SampleUnreadable
+from trainforge.data.sources import SOURCES
+from trainforge.data.stages.augment import (
     Augment,
     TextAugment,
     build_augment,
@@ -17,28 +24,11 @@ from trainforge.data.augment import (
     image_ops_set,
     text_ops_set,
 )
-from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.clean import clean_tensor_pool, clean_text_pool, drop_failed_before
-from trainforge.data.datasets import EvalDataset, TrainDataset
-from trainforge.data.image_preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
-from trainforge.data.loader import ShardOrder
-from trainforge.data.normalize import Normalizer, fit_normalizer, identity, model_normalizer
-from trainforge.data.pool import Pool, Samples, SampleUnreadable, TensorSamples, TextCorpus, TextSamples
-from trainforge.data.sources import SOURCES
-from trainforge.data.sources.chat import ChatExamples, ChatTokens, pack_chat, tokenize_chat
-from trainforge.data.shards import (
-    BPE_TRAIN_MAX_BYTES,
-    Corpus,
-    RawBytes,
-    Subword,
-    TokenShards,
-    prepare_shards,
-    trained_once,
-)
-from trainforge.data.sources.textfile import TokenWindows
-from trainforge.data.split import Splits, carve_val, contiguous_split, random_split
-from trainforge.data.tokenizer import TextTokenizer, is_stored, pretrained_tokenizer, train_bpe
-from trainforge.data.text import RAW_BYTES_VOCAB_SIZE
+from trainforge.data.stages.clean import drop_failed_before
+from trainforge.data.stages.datasets import EvalDataset, TrainDataset
+from trainforge.data.stages.loader import ShardOrder
+from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
+from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
 from trainforge.errors import UserError
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
@@ -64,14 +54,7 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     if isinstance(result, DataBundle):  # a custom factory built everything itself
         return result
     pool = result
-    if isinstance(pool.samples, TensorSamples):
-        pool = clean_tensor_pool(pool, cfg.clean)
-    elif isinstance(pool.samples, TextSamples):
-        pool = clean_text_pool(pool, cfg.clean)
-    elif isinstance(pool.samples, TextCorpus):  # the windows exist only once the corpus is tokenized (into shards)
-        pool = tokenize_corpus(pool, cfg, stored)
-    elif isinstance(pool.samples, ChatExamples):  # rendered and tokenized whole: too-long ones dropped before the split
-        pool = tokenize_chat(pool, choose_tokenizer(cfg, lambda: [], stored), stored)
+    pool = pool.samples.before_split(pool, cfg, stored)  # cleaned; a corpus or conversations tokenized
     if pool.failed_before is not None:  # files an earlier run could not decode (image folders)
         pool = drop_failed_before(pool, stored)
     if len(pool.samples) == 0:
@@ -86,11 +69,7 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         if spec is not None:
             pool = preprocess_images(pool, spec, cfg)
     splits, method = split_pool(pool, cfg, seed)
-    if isinstance(pool.samples, ChatTokens):  # split by conversation, then each split's laid into its own windows
-        pool, splits = pack_chat(pool, splits)
-    if isinstance(pool.samples, TextSamples):  # the tokenizer is fitted on the train split only, like normalization
-        texts = pool.samples.texts
-        pool = tokenize_texts(pool, choose_tokenizer(cfg, lambda: [texts[i] for i in splits["train"]], stored))
+    pool, splits = pool.samples.after_split(pool, splits, cfg, stored)  # texts tokenized; conversations packed
     info = pool.info
     if cfg.tokenizer is not None and info.modality != "text":
         warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
@@ -124,75 +103,6 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     )
 
 
-def choose_tokenizer(cfg: DataConfig, train_texts: Callable[[], Iterable[str]],
-                     stored: Optional[dict[str, Any]]) -> TextTokenizer:
-    """The stored tokenizer when there is one, else data.tokenizer's: the model's, or a BPE trained on the train
-    split (`train_texts` is called only then)."""
-    if is_stored(stored):
-        return TextTokenizer.from_preprocess(stored)
-    if cfg.tokenizer == "model":
-        assert cfg.from_model is not None  # Config fills it from the model section
-        if cfg.from_model.family != "hf":
-            raise UserError(f"data.tokenizer: model needs a transformers model; data.from_model is a "
-                            f"{cfg.from_model.family} model (images); use bpe or bytes", public=True)
-        return pretrained_tokenizer(cfg.from_model.source, "data.from_model.source")
-    a = cfg.tokenizer_args
-    return train_bpe(train_texts(), vocab_size=a.vocab_size, min_frequency=a.min_frequency)
-
-
-def tokenize_texts(pool: Pool, tok: TextTokenizer) -> Pool:
-    """TextSamples -> TensorSamples of (seq_len,) token ids; info gets the tokenizer's vocabulary and padding."""
-    samples = pool.samples
-    assert isinstance(samples, TextSamples)
-    x = torch.from_numpy(tok.encode_fixed(samples.texts, samples.seq_len))
-    full = int((x[:, -1] != tok.pad_id).sum())  # the last position holds a token: (at least) filled, likely cut
-    pool.samples = TensorSamples(x, samples.y, samples.ids)
-    pool.info = replace(pool.info, vocab_size=tok.vocab_size, pad_id=tok.pad_id)
-    pool.preprocess = {**pool.preprocess, **tok.to_preprocess()}
-    pool.notes = {**pool.notes, "tokenizer": tokenizer_note(tok, {"texts_filling_seq_len": full})}
-    return pool
-
-
-def tokenize_corpus(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
-    """TextCorpus -> windows read from its token shards (data/shards.py: tokenized once per corpus and tokenizer,
-    reused by every later run; no copy of the corpus in this process)."""
-    text = pool.samples
-    assert isinstance(text, TextCorpus)
-    tok = corpus_tokenizer(cfg, text.corpus, stored)
-    index = prepare_shards(text.corpus, RawBytes() if tok is None else Subword.of(tok))
-    windows = TokenWindows(TokenShards(index), text.block_size)
-    if len(windows) == 0:
-        raise UserError(f"data.path: the corpus has {index.tokens} tokens, less than one window of data.args.block_size "
-                        f"+ 1 = {text.block_size + 1}; lower data.args.block_size or add text", public=True)
-    vocab = RAW_BYTES_VOCAB_SIZE if tok is None else tok.vocab_size
-    pool.samples, pool.rows_read = windows, len(windows)
-    pool.info = replace(pool.info, num_classes=vocab, vocab_size=vocab)
-    pool.preprocess = {**pool.preprocess, **({"tokenizer": "raw_bytes", "vocab_size": vocab} if tok is None
-                                             else tok.to_preprocess())}
-    pool.notes = {**pool.notes, "corpus_files": index.corpus_files, "corpus_bytes": index.corpus_bytes,
-                  "token_shards": index.summary()}
-    if tok is not None:
-        pool.notes["tokenizer"] = tokenizer_note(tok, {"corpus_tokens": index.tokens})
-    return pool
-
-
-def corpus_tokenizer(cfg: DataConfig, corpus: Corpus, stored: Optional[dict[str, Any]]) -> Optional[TextTokenizer]:
-    """None for raw bytes; else the stored tokenizer, the model's, or a BPE trained once per corpus on the text the
-    contiguous split trains on (its leading share) and reused from then on."""
-    if not is_stored(stored) and cfg.tokenizer not in ("model", "bpe"):
-        return None
-    share = 1 - cfg.val_fraction - cfg.test_fraction
-    choose = lambda: choose_tokenizer(cfg, lambda: corpus.train_texts(share), stored)  # noqa: E731
-    if is_stored(stored) or cfg.tokenizer == "model":
-        return choose()
-    settings = {"bpe": cfg.tokenizer_args.model_dump(), "train_share": share, "max_bytes": BPE_TRAIN_MAX_BYTES}
-    return trained_once(corpus, settings, choose)
-
-
-def tokenizer_note(tok: TextTokenizer, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": tok.kind, "origin": tok.origin, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, **extra}
-
-
 def model_preprocessing(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Optional[ImagePreprocess]:
     """`data.normalize: model`: the stored preprocessing when there is one (eval, compress, resume: the model's
     library is not asked again), else data.from_model's, resolved now. None (with a warning) for text."""
@@ -211,7 +121,7 @@ def model_preprocessing(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, 
     return resolve_image_preprocess(cfg.from_model)
 
 
-class ModelSizedTensors:
+class ModelSizedTensors(Samples):
     """The samples of a source that holds images as tensors (digits, synthetic images, a custom source), resized
     and cropped as the pretrained model expects; the pixel scale stays the source's."""
 
@@ -282,9 +192,7 @@ def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
         return pool.splits, "prepared"
     if pool.test_indices is not None:
         return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
-    if isinstance(pool.samples, ChatTokens):  # independent conversations, not windows of one text
-        return random_split(None, n, cfg.val_fraction, cfg.test_fraction, seed)
-    if pool.info.task == "lm":
+    if pool.info.task == "lm" and pool.samples.contiguous:
         return contiguous_split(n, cfg.val_fraction, cfg.test_fraction), "contiguous"
     return random_split(pool.labels, n, cfg.val_fraction, cfg.test_fraction, seed)
 
@@ -301,8 +209,9 @@ def stats_batches(pool: Pool, train: np.ndarray, seed: int, sampled: dict[str, A
     """Raw train samples in batches: all of them when in memory, else `stats_sample`'s (a sample that cannot be
     read is skipped). `sampled` gets what was looked at (lazy samples only): samples, of, seed, unreadable."""
     samples = pool.samples
-    if isinstance(samples, TensorSamples):
-        yield samples.x[torch.as_tensor(train)]
+    held = samples.in_memory(train)
+    if held is not None:
+        yield held
         return
     chosen = stats_sample(train, seed)
     sampled.update(samples=len(chosen), of=len(train), seed=seed, unreadable=0)

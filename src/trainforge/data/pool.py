@@ -1,19 +1,20 @@
 """What a data source hands to the common pipeline: every kept sample, before split and transforms.
 
-A source returns a `Pool`. Its `samples` is any indexable of raw `(x, y)` pairs (eager
-`TensorSamples`, or a lazy class that loads/generates sample `i` on demand); the pipeline splits
-it by index, fits normalization on the train part and wraps it into datasets.
+A source returns a `Pool`. Its `samples` are raw `(x, y)` pairs by index (eager `TensorSamples`, or a lazy class
+that loads/generates sample `i` on demand), a `Samples` that tells the pipeline what it needs (its hooks); the
+pipeline splits it by index, fits normalization on the train part and wraps it into datasets.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
+from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.shards import Corpus
+from trainforge.data.stages.clean import clean_tensor_pool
 
 DROP_REASONS = ("duplicate", "corrupt", "nonfinite", "bad_label", "empty_text")
 MAX_DROP_EXAMPLES = 5
@@ -24,13 +25,43 @@ class SampleUnreadable(Exception):
     another sample of the same split in its place, so batches keep their size. The message names the file."""
 
 
-class Samples(Protocol):
-    def __len__(self) -> int: ...
+class Samples:
+    """Raw (x, y) pairs by index, whatever the source: what a Pool holds. The pipeline asks every samples object the
+    same questions, below, rather than testing its class; the answers here are those of samples that are ready to
+    read as they are, and a kind of samples that needs more says so by answering otherwise.
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    Samples that read files may also have `with_image_preprocess(spec)` (the same files, read as a pretrained model's
+    library reads them) and `runtime_failures()` (what failed to decode while they were read)."""
+
+    # language modelling: the samples are windows of one text, split into contiguous ranges so that no window of the
+    # val or test text is trained on; False where they are independent records (conversations): split at random
+    contiguous = True
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def before_split(self, pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
+        """The pool ready to be split: cleaned, and tokenized where the split is of tokens (a corpus cut into
+        windows; conversations, so that too-long ones are dropped before it). `stored`: a trained model's
+        preprocessing record (eval, compress, resume), whose tokenizer is used as it is."""
+        return pool
+
+    def after_split(self, pool: Pool, splits: dict[str, np.ndarray], cfg: DataConfig,
+                    stored: Optional[dict[str, Any]]) -> tuple[Pool, dict[str, np.ndarray]]:
+        """What needs the split: texts tokenized by a tokenizer fitted on the train split only (like normalization),
+        conversations laid into windows, each split's its own (the splits then index the windows)."""
+        return pool, splits
+
+    def in_memory(self, indices: np.ndarray) -> Optional[torch.Tensor]:
+        """The raw inputs of these samples as one tensor, when they are held in memory (normalization statistics
+        read them at once); None: read one by one."""
+        return None
 
 
-class TensorSamples:
+class TensorSamples(Samples):
     """Samples held in memory: `x[i]`, `y[i]`; `ids[i]` names sample i in the data report."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, ids: Optional[list[str]] = None) -> None:
@@ -48,39 +79,11 @@ class TensorSamples:
         keep_t = torch.as_tensor(keep, dtype=torch.long)
         return TensorSamples(self.x[keep_t], self.y[keep_t], [self.ids[i] for i in keep])
 
+    def before_split(self, pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Pool:
+        return clean_tensor_pool(pool, cfg.clean)  # non-finite rows and duplicates dropped
 
-class TextSamples:
-    """Texts with their labels before tokenization (`data.tokenizer: model | bpe`): the pipeline splits them,
-    fits the tokenizer on the train part, and turns them into `TensorSamples` of token ids."""
-
-    def __init__(self, texts: list[str], y: torch.Tensor, ids: list[str], seq_len: int) -> None:
-        assert len(texts) == len(y) == len(ids), (len(texts), len(y), len(ids))
-        self.texts, self.y, self.ids, self.seq_len = texts, y, ids, seq_len
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise TypeError("TextSamples are tokenized by the pipeline before they are read")
-
-    def subset(self, keep: np.ndarray) -> "TextSamples":
-        return TextSamples([self.texts[i] for i in keep], self.y[torch.as_tensor(keep, dtype=torch.long)],
-                           [self.ids[i] for i in keep], self.seq_len)
-
-
-class TextCorpus:
-    """A language-modelling corpus before tokenization: `corpus` says what to read (data/shards.py: text files, or
-    the text column of data files); the pipeline tokenizes it once into memory-mapped token shards and cuts
-    `block_size + 1` windows."""
-
-    def __init__(self, corpus: Corpus, block_size: int) -> None:
-        self.corpus, self.block_size = corpus, block_size
-
-    def __len__(self) -> int:
-        return 0  # no sample before it is tokenized
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        raise TypeError("a TextCorpus is tokenized by the pipeline before it is read")
+    def in_memory(self, indices: np.ndarray) -> Optional[torch.Tensor]:
+        return self.x[torch.as_tensor(indices)]
 
 
 class DropLog:

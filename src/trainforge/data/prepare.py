@@ -25,16 +25,18 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from trainforge.config import DataConfig
-from trainforge.data.clean import drop_failed_before
-from trainforge.data.manifest import available_cpus
-from trainforge.data.pipeline import corpus_tokenizer, split_pool
-from trainforge.data.pool import Pool, TextCorpus
+from trainforge.data.stages.clean import drop_failed_before
+from trainforge.data.pipeline import split_pool
+from trainforge.data.pool import Pool
 from trainforge.data.seeding import derive_seed
-from trainforge.data.shards import RawBytes, Subword, prepare_shards, stderr_progress
+from trainforge.data.formats.token_shards import prepare_shards, stderr_progress
 from trainforge.data.sources import SOURCES
 from trainforge.data.sources.imagefolder import ImageFiles
-from trainforge.data.tar_shards import FORMAT, INDEX, SPLITS, Item, shard_name, write_index, write_shard
+from trainforge.data.formats.tar_shards import FORMAT, INDEX, SPLITS, Item, shard_name, write_index, write_shard
+from trainforge.data.text.codec import RawBytes, Subword
+from trainforge.data.text.tokenize import TextCorpus, corpus_tokenizer
 from trainforge.errors import UserError
+from trainforge.hardware.cpus import available_cpus
 from trainforge.registry import Registry
 
 Prepare = Callable[..., dict[str, Any]]

@@ -20,7 +20,7 @@ from torch import nn
 from trainforge.config import Config
 from trainforge.data import build_data
 from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.loader import epoch_samples
+from trainforge.data.stages.loader import epoch_samples
 from trainforge.engine.metrics import check_metric
 from trainforge.engine.optim import freeze
 from trainforge.errors import UserError

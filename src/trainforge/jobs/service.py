@@ -24,7 +24,6 @@ directory's final model), then marked succeeded or requeued with --resume auto, 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import json
 import logging
@@ -45,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 import yaml
 
 from trainforge.errors import UserError
-from trainforge.files import SHARED_HOME_ENV, write_text_atomic
+from trainforge.files import SHARED_HOME_ENV, lock_file, write_text_atomic
 from trainforge.layout import CONFIG_TEXT
 from trainforge.jobs import runner
 from trainforge.confine import ENV as ROOTS_ENV
@@ -461,13 +460,10 @@ class StateDirLock:
 
     def acquire(self) -> None:
         private_dir(self.path.parent)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        fd = lock_file(self.path, wait=False, mode=PRIVATE_FILE)
+        if fd is None:
             raise UserError(f"--state-dir: {self.path.parent} is in use by another trainforge server; stop it or "
-                            "pick another --state-dir") from None
+                            "pick another --state-dir")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd

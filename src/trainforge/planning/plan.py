@@ -30,7 +30,7 @@ from torch import nn
 
 from trainforge.config import Config
 from trainforge.data.base import DataInfo
-from trainforge.data.loader import steps_per_epoch
+from trainforge.data.stages.loader import steps_per_epoch
 from trainforge.engine.parallelize import find_blocks
 from trainforge.errors import UserError
 from trainforge.hardware.catalog import Catalog, GPUSpec, Price, load_catalog

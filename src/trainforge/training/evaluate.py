@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
-from trainforge.data.loader import make_eval_loader
+from trainforge.data.stages.loader import make_eval_loader
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained

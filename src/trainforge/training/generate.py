@@ -7,13 +7,14 @@
 The path is anything `trainforge eval` takes (a run directory, its final/, a checkpoints/step-* directory),
 loaded by the same `load_trained`. The text is encoded with the run's own stored tokenizer (never a download):
 a subword tokenizer rebuilt as a transformers `PreTrainedTokenizerFast` from the files kept in the run's
-preprocessing record, or the byte rules of `data.text` for `raw_bytes` runs. A plain prompt is encoded the
-way the run's training text was (`TextTokenizer.encode_stream`: no special tokens), so generation continues
-it as it would continue a document. `--chat` renders the prompt as one user message with the run's chat template
-(the one a `data.source: chat` run trained with, else the tokenizer's own) and its generation prompt, and stops
-at the end of the assistant's turn: the template's end-of-turn token, or its end-of-turn text (e.g. `<|im_end|>`
-in a tokenizer that lacks it as a token), which is then left out of the text. A tokenizer without a chat template
-is an error rather than a fallback to chatml: a model never trained on a template does not follow it.
+preprocessing record, or the byte rules for `raw_bytes` runs (`codec_for` of `trainforge.data.text`). A plain
+prompt is encoded the way the run's training text was (`TextTokenizer.encode_stream`: no special tokens), so
+generation continues it as it would continue a document. `--chat` renders the prompt as one user message with the
+run's chat template (the one a `data.source: chat` run trained with, else the tokenizer's own) and its generation
+prompt, and stops at the end of the assistant's turn: the template's end-of-turn token, or its end-of-turn text
+(e.g. `<|im_end|>` in a tokenizer that lacks it as a token), which is then left out of the text. A tokenizer without
+a chat template is an error rather than a fallback to chatml: a model never trained on a template does not follow
+it.
 
 Models: `model.name: hf` causal LMs generate with transformers' own `generate` (KV cache); the zoo's `gpt`
 with a short loop here (it has no KV cache: each step reruns the last block_size tokens). Sampling is
@@ -23,7 +24,6 @@ present, else the CPU; fp32 weights throughout.
 """
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +32,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from trainforge.data import text as byte_rules
-from trainforge.data.tokenizer import is_stored
+from trainforge.data.text import Codec, codec_for
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import Trained, load_trained
@@ -89,7 +88,7 @@ class Generator:
     final/hf this way)."""
 
     model: nn.Module
-    codec: "Codec"
+    codec: Codec
     name: str  # hf | gpt
     source: str
     vocab_size: Optional[int]
@@ -191,119 +190,6 @@ def check_causal_lm(trained: Trained) -> None:
     if name not in MODELS:
         raise UserError(f"{trained.source}: generate supports model.name hf (causal LMs) and gpt; this run's model "
                         f"is {name!r}")
-
-
-# ---- tokenizers: the run's stored one, or the byte rules ---------------------------------------------------------
-
-class Codec:
-    """What generate needs of a tokenizer."""
-
-    eos_ids: tuple[int, ...] = ()
-    pad_id: Optional[int] = None
-    vocab_size: Optional[int] = None
-
-    def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
-
-    def decode(self, ids: Sequence[int]) -> str:
-        raise NotImplementedError
-
-    def start_ids(self) -> list[int]:
-        raise UserError("prompt: empty, and this run's tokenizer has no start or end-of-text token to begin from; "
-                        "give some text to continue")
-
-    def chat(self, prompt: str) -> tuple[list[int], tuple[int, ...], Optional[str]]:
-        """The prompt as one user message of the chat template, with the generation prompt; and what ends the
-        assistant's turn: token ids, or a text."""
-        raise NotImplementedError
-
-
-class RawBytes(Codec):
-    """`raw_bytes` runs (textfile with the byte tokenizer): id = byte value, no special tokens."""
-
-    vocab_size = byte_rules.RAW_BYTES_VOCAB_SIZE
-
-    def encode(self, text: str) -> list[int]:
-        return byte_rules.encode_raw(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return byte_rules.decode_raw(ids)
-
-    def chat(self, prompt: str) -> tuple[list[int], tuple[int, ...], Optional[str]]:
-        raise UserError("--chat: this run uses the raw byte tokenizer, which has no chat template; drop --chat "
-                        "(the prompt is then continued as plain text)")
-
-
-class StoredTokenizer(Codec):
-    """The run's stored subword tokenizer as a transformers fast tokenizer (for its chat template)."""
-
-    def __init__(self, pre: dict[str, Any]) -> None:
-        # heavy (transformers, ~3 s): loaded already when the run's model is an hf one
-        from transformers import PreTrainedTokenizerFast
-
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, content in pre["tokenizer_files"].items():
-                (Path(tmp) / Path(name).name).write_text(content, encoding="utf-8")
-            self.tok = PreTrainedTokenizerFast.from_pretrained(tmp)
-        eos = pre.get("eos_id", self.tok.eos_token_id)
-        self.eos_ids = () if eos is None else (int(eos),)
-        pad = pre.get("pad_id", self.tok.pad_token_id)
-        self.pad_id = eos if pad is None else int(pad)
-        self.vocab_size = len(self.tok)
-        stored = pre.get("chat_template")  # a chat run's: the template it trained with, its own or a built-in one
-        self.template = stored if isinstance(stored, str) else self.tok.chat_template
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text, add_special_tokens=False))  # as the training text was (encode_stream)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-    def start_ids(self) -> list[int]:
-        first = self.tok.bos_token_id if self.tok.bos_token_id is not None else (self.eos_ids or (None,))[0]
-        return super().start_ids() if first is None else [int(first)]
-
-    def chat(self, prompt: str) -> tuple[list[int], tuple[int, ...], Optional[str]]:
-        if not self.template:
-            raise UserError("--chat: the run's tokenizer has no chat template; train with one (data.source: chat "
-                            "with data.args.template, or a model whose tokenizer ships one), or drop --chat to "
-                            "continue the prompt as plain text")
-        try:
-            rendered = self.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
-        except Exception as e:  # the template is the model's own Jinja code: any error it raises is its message
-            raise UserError(f"--chat: the tokenizer's chat template failed on the prompt ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
-        # the template writes its special tokens (a start token, turn markers) as text: encode them, add no more
-        return (self.encode(rendered), *self.end_of_turn())
-
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
-        return str(self.tok.apply_chat_template(messages, chat_template=self.template, tokenize=False,
-                                                add_generation_prompt=add_generation_prompt))
-
-    def end_of_turn(self) -> tuple[tuple[int, ...], Optional[str]]:
-        """What the template closes an assistant turn with, found by rendering a finished exchange and reading
-        what follows the answer: a special token (<|im_end|>, <|eot_id|>, </s>, ...), else that text."""
-        marker = "\x00answer\x00"
-        try:
-            rendered = self.render([{"role": "user", "content": "question"}, {"role": "assistant", "content": marker}])
-        except Exception:  # a template that takes no assistant turn: stop at eos only
-            return (), None
-        _, found, after = rendered.partition(marker)
-        after = after.strip() if found else ""
-        ids = self.encode(after) if after else []
-        special = set(self.tok.all_special_ids) | {int(i) for i in self.tok.added_tokens_decoder}
-        if ids and ids[0] in special:
-            return (ids[0],), None
-        return (), after or None
-
-
-def codec_for(pre: dict[str, Any]) -> Codec:
-    if is_stored(pre):
-        return StoredTokenizer(pre)
-    if pre.get("tokenizer") == "raw_bytes":
-        return RawBytes()
-    raise UserError(f"the run's preprocessing record has no usable tokenizer ({pre.get('tokenizer')!r}); generate "
-                    "needs data.tokenizer model, bpe or raw_bytes")
 
 
 class Detokenizer:
@@ -473,7 +359,7 @@ def answer_prompts(model: nn.Module, preprocess: dict[str, Any], prompts: list[t
     """Greedy answers of `model` (an hf causal LM, in training) to `prompts`, decoded with the run's tokenizer:
     what the report shows beside the validation loss. The model is left in the mode it was in."""
     codec = codec_for(preprocess)
-    stop_ids, stop_text = codec.end_of_turn() if isinstance(codec, StoredTokenizer) else ((), None)
+    stop_ids, stop_text = codec.end_of_turn()
     stops = tuple(dict.fromkeys([*codec.eos_ids, *stop_ids]))
     was_training, rows = model.training, []
     model.eval()
@@ -483,9 +369,7 @@ def answer_prompts(model: nn.Module, preprocess: dict[str, Any], prompts: list[t
                 out = Detokenizer(codec.decode, None, stop_text)
                 _generate_hf(model, ids, device=device, max_new_tokens=max_new_tokens, temperature=0.0, top_p=1.0,
                              stops=stops, pad_id=codec.pad_id, streamer_for=out, notes=[])
-                shown = codec.tok.decode(ids, skip_special_tokens=False) if isinstance(codec, StoredTokenizer) else (
-                    codec.decode(ids))  # the prompt as the model saw it, its template's markers included
-                rows.append({"prompt": shown, "answer": out.finish(),
+                rows.append({"prompt": codec.shown(ids), "answer": out.finish(),
                              "reference": Detokenizer(codec.decode, None, stop_text).text_of(reference)[0]})
     finally:
         model.train(was_training)

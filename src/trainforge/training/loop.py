@@ -32,9 +32,9 @@ from torch import nn
 
 from trainforge.config import Config
 from trainforge.data.base import DataBundle, DataInfo
-from trainforge.data.loader import TrainBatches, make_eval_loader
+from trainforge.data.stages.loader import TrainBatches, make_eval_loader
 from trainforge.data.summary import runtime_line
-from trainforge.data.tokenizer import save_tokenizer
+from trainforge.data.text import save_tokenizer
 from trainforge.engine.checkpoint import kept_weights, load_model_weights
 from trainforge.engine.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.engine.early_stop import EarlyStopper

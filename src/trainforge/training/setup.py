@@ -28,7 +28,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from trainforge.config import Config, EarlyStoppingConfig, OptimConfig, ScheduleConfig
-from trainforge.data.loader import resolve_num_workers, steps_per_epoch
+from trainforge.data.stages.loader import resolve_num_workers, steps_per_epoch
 from trainforge.engine.env import DistEnv, resolve_strategy
 from trainforge.hardware.device import supports_bf16
 from trainforge.planning.auto import (MemoryBudget, auto_micro_batch, device_budget, memory_factor, memory_terms,

@@ -5,8 +5,8 @@ the hub by name.
     data: {source: hf_datasets, path: reviews.parquet, args: {text_column: review, label_column: stars}}
 
 `data.path` is a file or a folder (its files of one format, sorted). Without `label_column` the text column is a
-language-modelling corpus, a row a document, tokenized once into token shards (data/shards.py, a task per file)
-like a `textfile` corpus. With it, the rows are text-classification records handled as `jsonl` handles its lines
+language-modelling corpus, a row a document, tokenized once into token shards (data/formats/token_shards.py, a task
+per file) like a `textfile` corpus. With it, the rows are text-classification records handled as `jsonl` handles its lines
 (the same drops, labels, `classes` and tokenizers). Local files are streamed: nothing is copied to a cache.
 
 A name that is no local path (`org/dataset`) is loaded from the Hugging Face cache, or from the hub when it is
@@ -23,11 +23,12 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import Pool, TextCorpus
+from trainforge.data.pool import Pool
 from trainforge.confine import check_found, confined_roots
-from trainforge.data.shards import FileStat, HfFiles, hf_rows
+from trainforge.data.formats.token_shards import FileStat, HfFiles, hf_rows
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.sources.jsonl import JsonlArgs, check_classification_tokenizer, records_pool
+from trainforge.data.text.tokenize import TextCorpus
 from trainforge.errors import UserError, quote
 from trainforge.hub import first_line, why_not_hub
 

@@ -1,6 +1,6 @@
 """`imagefolder`: a folder with one subfolder per class of image files.
 
-The folder's scan is remembered in a manifest (`trainforge.data.manifest`): the first run reads each file
+The folder's scan is remembered in a manifest (`trainforge.data.formats.manifest`): the first run reads each file
 once (SHA-256 for duplicates, the header, a decode only of files that may be cut short), later runs, resumes,
 `plan`, tune trials and the job admission read again only files whose size or mtime changed. Exact duplicates
 and files that do not open (or are cut short) are dropped and counted. Pixels are loaded lazily, per sample,
@@ -21,10 +21,10 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.image_preprocess import ImagePreprocess
-from trainforge.data.imageio import read_image, read_model_image
-from trainforge.data.manifest import CORRUPT, DECODE_FAILED, IMAGE_SUFFIXES, OK, FailureLog, folder_manifest
-from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
+from trainforge.data.image.preprocess import ImagePreprocess
+from trainforge.data.image.read import read_image, read_model_image
+from trainforge.data.formats.manifest import CORRUPT, DECODE_FAILED, IMAGE_SUFFIXES, OK, FailureLog, folder_manifest
+from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, Samples, SampleUnreadable
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 
@@ -36,7 +36,7 @@ def load_image(path: str, image_size: int, grayscale: bool) -> torch.Tensor:
     return torch.from_numpy(read_image(path, image_size, grayscale))
 
 
-class ImageFiles:
+class ImageFiles(Samples):
     """The kept image files: `paths[i]` (absolute), `ids[i]` (relative to the folder, as in the report),
     `stamps[i]` (size_bytes, mtime_ns when scanned). Sample i is decoded when asked for."""
 

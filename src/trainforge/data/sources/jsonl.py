@@ -1,4 +1,4 @@
-"""`jsonl`: one JSON object per line with a text and a label, tokenized to bytes (see data/text.py), or,
+"""`jsonl`: one JSON object per line with a text and a label, tokenized to bytes (see data/text/byte_level.py), or,
 with `data.tokenizer: model | bpe`, handed to the pipeline as texts (it tokenizes them after the split).
 A `.csv` or `.tsv` file with a header row is read the same way, a row a record (`text_field` and `label_field`
 name its columns), so a spreadsheet export needs no conversion.
@@ -19,7 +19,7 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import DropLog, Pool, TensorSamples, TextSamples
+from trainforge.data.pool import DropLog, Pool, TensorSamples
 from trainforge.data.sources.common import (
     SOURCES,
     SourceArgs,
@@ -29,7 +29,8 @@ from trainforge.data.sources.common import (
     parse_args,
     require_path,
 )
-from trainforge.data.text import BYTES_VOCAB_SIZE, PAD_ID, encode
+from trainforge.data.text.byte_level import BYTES_VOCAB_SIZE, PAD_ID, encode
+from trainforge.data.text.tokenize import TextSamples
 from trainforge.errors import UserError
 
 

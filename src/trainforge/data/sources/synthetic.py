@@ -14,7 +14,7 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import Pool
+from trainforge.data.pool import Pool, Samples
 from trainforge.data.seeding import derive_seed, generator_for
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args
 
@@ -29,7 +29,7 @@ def seeded_labels(tag: str, seed: int, num_samples: int, num_classes: int) -> np
     return rng.integers(0, num_classes, num_samples, dtype=np.int64)
 
 
-class SyntheticImages:
+class SyntheticImages(Samples):
     """Sample i: clamp(0.5 + 0.25 * prototype[class] + 0.2 * noise, 0, 1), float32 (C, S, S)."""
 
     def __init__(self, num_samples: int, image_size: int, channels: int, num_classes: int, seed: int) -> None:
@@ -51,7 +51,7 @@ class SyntheticImages:
         return x, torch.tensor(label)
 
 
-class SyntheticTextClasses:
+class SyntheticTextClasses(Samples):
     """Sample i: tokens drawn half from its class's topic tokens, half uniformly; int64 (T,)."""
 
     def __init__(self, num_samples: int, seq_len: int, vocab_size: int, num_classes: int, seed: int) -> None:
@@ -73,7 +73,7 @@ class SyntheticTextClasses:
         return torch.where(from_topic, topical, uniform), torch.tensor(label)
 
 
-class SyntheticMarkovText:
+class SyntheticMarkovText(Samples):
     """Sample i: a chain next = perm[token], broken by a random token with probability LM_NOISE_PROB.
 
     Returns (x, y) = (w[:-1], w[1:]) of a window w of seq_len + 1 tokens; a bigram model learns it.

@@ -1,8 +1,8 @@
 """`textfile`: a language-modelling corpus of text files, tokenized once into memory-mapped token shards.
 
 The files (sorted, cut at max_bytes) are tokenized into one stream (raw bytes: id = byte value, vocab 256,
-tokenizer "raw_bytes" in data/text.py; or data.tokenizer model | bpe, each file followed by the eos id) by
-data/shards.py, once per corpus and tokenizer, and read as non-overlapping windows: window k is
+tokenizer "raw_bytes" in data/text/byte_level.py; or data.tokenizer model | bpe, each file followed by the eos id) by
+data/formats/token_shards.py, once per corpus and tokenizer, and read as non-overlapping windows: window k is
 tokens[k*(B+1) : (k+1)*(B+1)] with B = block_size; x = w[:-1], y = w[1:]. The pipeline splits windows into
 contiguous train/val/test ranges, so no val/test text is trained on.
 """
@@ -12,15 +12,15 @@ import sysconfig
 from pathlib import Path
 from typing import Literal, Optional
 
-import torch
 from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import Pool, TextCorpus
+from trainforge.data.pool import Pool
 from trainforge.confine import check_found
-from trainforge.data.shards import TextFiles, TokenShards
+from trainforge.data.formats.token_shards import TextFiles
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
+from trainforge.data.text.tokenize import TextCorpus
 from trainforge.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")
@@ -31,23 +31,6 @@ class TextFileArgs(SourceArgs):
     block_size: int = Field(128, gt=0)
     corpus: Optional[Literal["python_stdlib"]] = None
     max_bytes: Optional[int] = Field(None, gt=0)  # default: all of data.path; 2_000_000 for python_stdlib
-
-
-class TokenWindows:
-    """Windows of block_size + 1 tokens over token shards, read on demand: the corpus is never in memory."""
-
-    def __init__(self, shards: TokenShards, block_size: int) -> None:
-        self.shards, self.block_size = shards, block_size
-
-    def __len__(self) -> int:
-        return self.shards.tokens // (self.block_size + 1)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= index < len(self):
-            raise IndexError(index)
-        n = self.block_size + 1
-        w = torch.from_numpy(self.shards.read(index * n, (index + 1) * n))
-        return w[:-1], w[1:]
 
 
 def corpus_files(path: Path) -> list[Path]:

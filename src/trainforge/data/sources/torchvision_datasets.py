@@ -20,8 +20,8 @@ from torch.utils.data import Dataset
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.image_preprocess import ImagePreprocess
-from trainforge.data.pool import Pool
+from trainforge.data.image.preprocess import ImagePreprocess
+from trainforge.data.pool import Pool, Samples
 from trainforge.confine import check_read, confine, confined_roots, named_paths
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args
 from trainforge.errors import UserError, quote
@@ -36,7 +36,7 @@ class TorchvisionArgs(SourceArgs):
     test_split: str = "test"  # for classes with a `split` argument; ImageNet calls its held-out part "val"
 
 
-class TorchvisionSamples:
+class TorchvisionSamples(Samples):
     """The concatenation of one or two torchvision datasets, as float32 (C, H, W) in [0, 1]; resized to image_size,
     or with `preprocess` (data.normalize: model) resized and cropped as the pretrained model expects."""
 

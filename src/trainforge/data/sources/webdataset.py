@@ -1,9 +1,9 @@
 """`webdataset`: images from WebDataset tar shards that `trainforge data prepare --format webdataset` wrote.
 
-data.path is the prepared directory (data/tar_shards.py: shards, their sample indexes, index.json). Nothing is
+data.path is the prepared directory (data/formats/tar_shards.py: shards, their sample indexes, index.json). Nothing is
 scanned or listed at start: index.json says the splits, shards, classes and what the prepare dropped. The
 splits are the ones the shards were written with; the train split's samples are dealt out shard by shard
-(`ShardOrder`, data/loader.py): each rank reads its own shards. Images are decoded when read, as `imagefolder`
+(`ShardOrder`, data/stages/loader.py): each rank reads its own shards. Images are decoded when read, as `imagefolder`
 does (image_size, grayscale; or the pretrained model's preprocessing). One that fails to decode is replaced by
 another sample of its split and recorded (from any process) beside the folder manifests; data_report.json
 counts it at the end of the run.
@@ -23,17 +23,17 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.image_preprocess import ImagePreprocess
-from trainforge.data.imageio import read_image, read_model_image
-from trainforge.data.manifest import FailureLog, manifest_dir
-from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, SampleUnreadable
+from trainforge.data.image.preprocess import ImagePreprocess
+from trainforge.data.image.read import read_image, read_model_image
+from trainforge.data.formats.manifest import FailureLog, manifest_dir
+from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, Samples, SampleUnreadable
 from trainforge.confine import check_found
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
-from trainforge.data.tar_shards import INDEX, SPLITS, TarShards
+from trainforge.data.formats.tar_shards import INDEX, SPLITS, TarShards
 from trainforge.errors import UserError
 
 
-class ShardImages:
+class ShardImages(Samples):
     """The images of a prepared directory (all splits); sample i is read from its shard and decoded when asked."""
 
     def __init__(self, tars: TarShards, image_size: int, grayscale: bool,

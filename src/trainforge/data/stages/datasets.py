@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from trainforge.data.loader import ShardOrder
+from trainforge.data.stages.loader import ShardOrder
 from trainforge.data.pool import Samples, SampleUnreadable
 from trainforge.data.seeding import generator_for
 
@@ -62,7 +62,7 @@ class TrainDataset(Dataset):
     ) -> None:
         self.samples, self.indices = samples, np.asarray(indices, dtype=np.int64)
         self.seed, self.augment, self.normalize = seed, augment, normalize
-        self.order = order  # sharded data: the order its sampler deals out (data/loader.py); else a permutation
+        self.order = order  # sharded data: the order its sampler deals out (data/stages/loader.py); else a permutation
 
     def __len__(self) -> int:
         return len(self.indices)

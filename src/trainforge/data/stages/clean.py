@@ -6,13 +6,15 @@ themselves, into the same `DropLog`.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import numpy as np
 import torch
 
 from trainforge.config import CleanConfig
-from trainforge.data.pool import DropLog, Pool, TensorSamples, TextSamples
+
+if TYPE_CHECKING:  # the pool's samples call these: its module imports this one
+    from trainforge.data.pool import DropLog, Pool
 
 
 def first_occurrences(hashes: Iterable[bytes]) -> np.ndarray:
@@ -40,7 +42,7 @@ def finite_rows(x: torch.Tensor) -> np.ndarray:
 def clean_tensor_pool(pool: Pool, cfg: CleanConfig) -> Pool:
     """Drop non-finite rows, then exact duplicates (keeping the first), per `cfg`; counts go to pool.drops."""
     samples = pool.samples
-    assert isinstance(samples, TensorSamples) and pool.test_indices is None
+    assert pool.test_indices is None
     keep = np.ones(len(samples), dtype=bool)
     if cfg.drop_nonfinite:
         _drop(pool.drops, "nonfinite", samples, keep, finite_rows(samples.x))
@@ -98,7 +100,6 @@ def _drop(log: DropLog, reason: str, samples: Any, keep: np.ndarray,
 def clean_text_pool(pool: Pool, cfg: CleanConfig) -> Pool:
     """Drop exact duplicate texts (keeping the first), per `cfg`; before tokenization, so before the split."""
     samples = pool.samples
-    assert isinstance(samples, TextSamples)
     if not cfg.dedup:
         return pool
     keep = np.ones(len(samples), dtype=bool)

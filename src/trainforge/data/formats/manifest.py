@@ -12,7 +12,7 @@ decide. Files are read in a process pool over the available cores. The result go
 never into the data folder, which may be read-only. Later scans list the folder (one stat per file) and read
 again only the files whose size or mtime changed; new, changed and removed files are counted.
 
-One process scans at a time: a lock file beside the manifest (`fcntl.flock`). A process takes it shared to
+One process scans at a time: a lock file beside the manifest (`files.file_lock`). A process takes it shared to
 read the manifest; only when it is missing or stale does it take it exclusively, read it again (another process
 may just have brought it up to date: ranks of one run, parallel tune trials, two jobs) and read what is left. A
 long scan says how far it is every PROGRESS_S and saves what it has every CHECKPOINT_S, so a crash loses at
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import fcntl
 import hashlib
 import io
 import json
@@ -45,7 +44,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Optional
 from PIL import Image
 
 from trainforge.confine import check_found, check_read
-from trainforge.files import shared_homes, trainforge_home, write_text_atomic
+from trainforge.files import file_lock, shared_homes, trainforge_home, write_text_atomic
+from trainforge.hardware.cpus import available_cpus
 
 FORMAT = "trainforge-imagefolder-manifest"
 VERSION = 1
@@ -128,13 +128,6 @@ def read_file(path: str) -> Read:
 
 def read_chunk(paths: list[str]) -> list[Read]:
     return [read_file(p) for p in paths]
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # respects container/taskset limits
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def read_files(paths: list[str], workers: int) -> Iterator[Read]:
@@ -258,20 +251,10 @@ def write_manifest(path: Path, real_root: str, classes: list[str], files: list[F
     write_text_atomic(path, json.dumps(doc, separators=(",", ":")))
 
 
-@contextlib.contextmanager
-def locked(path: Path, exclusive: bool, root: Path) -> Iterator[None]:
+def locked(path: Path, exclusive: bool, root: Path) -> contextlib.AbstractContextManager[None]:
     """Hold the lock file `path` (shared or exclusive) for the block; says so on stderr when it must wait."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        try:
-            fcntl.flock(fd, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"data: waiting for another process scanning {root} (lock {path})")
-            fcntl.flock(fd, mode)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+    return file_lock(path, shared=not exclusive,
+                     on_wait=lambda: say(f"data: waiting for another process scanning {root} (lock {path})"))
 
 
 def say(line: str) -> None:

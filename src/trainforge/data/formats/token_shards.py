@@ -3,6 +3,7 @@
     corpus = TextFiles(files, max_bytes=None, origin="/data/books")    # or HfFiles(files, "parquet", "text", ...)
     index = prepare_shards(corpus, RawBytes())                          # tokenizes (once, in parallel) or reuses
     index = prepare_shards(corpus, Subword.of(tok))                     # a TextTokenizer (model | bpe)
+                                                                        # (both of data/text/codec.py)
     shards = TokenShards(index)
     ids = shards.read(start, stop)                                      # int64 tokens [start, stop) of the stream
 
@@ -22,11 +23,13 @@ cut at line ends), one shard each, tokenized by a process pool.
 Reading copies each window out of the mapping and drops its pages from the process again (madvise), so a
 rank's resident memory does not grow with the corpus or with how much of it an epoch has read; the file pages
 stay in the page cache, shared by every process of the machine. Torch-free: the pool's workers import only
-this module, numpy and `tokenizers` (`datasets` for an `hf_datasets` corpus).
+this module, the tokenizers of data/text (`codec`, `tokenizer`), numpy and `tokenizers` (`datasets` for an
+`hf_datasets` corpus).
 """
 from __future__ import annotations
 
 import codecs
+import contextlib
 import hashlib
 import json
 import mmap
@@ -42,13 +45,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
-from filelock import FileLock, Timeout
-from tokenizers import Tokenizer
 
 from trainforge.confine import check_read
-from trainforge.data.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
+from trainforge.data.text.codec import ShardTokenizer, Subword
+from trainforge.data.text.tokenizer import TOKENIZER_FILE, TextTokenizer, is_stored
 from trainforge.errors import UserError
-from trainforge.files import fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic, write_text_atomic
+from trainforge.files import (file_lock, fsync_dir, fsync_file, shared_homes, trainforge_home, write_json_atomic,
+                              write_text_atomic)
+from trainforge.hardware.cpus import available_cpus
 
 FORMAT = 1  # of index.json and the shard files; another format is another key
 SHARD_BYTES = 256 * 2**20  # corpus bytes per shard (and per task of the pool)
@@ -69,71 +73,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
 
 def tokens_home() -> Path:
     return trainforge_home() / "tokens"
-
-
-# ---- the tokenizers a worker runs: raw bytes, or a `tokenizers` tokenizer from its tokenizer.json
-
-
-class Encoder(Protocol):
-    def __call__(self, data: bytes, doc_end: bool, separator: bytes) -> np.ndarray: ...
-
-
-@dataclass(frozen=True)
-class RawBytes:
-    """Token id = byte value (vocab 256, no end-of-document token; `separator` bytes end a document that is a row
-    of a table, so rows do not run into each other)."""
-
-    kind: str = "raw_bytes"
-    vocab_size: int = 256
-
-    def identity(self) -> dict[str, Any]:
-        return {"kind": self.kind}
-
-    def encoder(self, own_threads: bool) -> Encoder:
-        def encode(data: bytes, doc_end: bool, separator: bytes) -> np.ndarray:
-            return np.frombuffer(data + separator if doc_end else data, dtype=np.uint8)
-
-        return encode
-
-
-@dataclass(frozen=True)
-class Subword:
-    """A subword tokenizer (data.tokenizer: model | bpe), without special tokens; eos_id after each document."""
-
-    kind: str
-    tokenizer_json: str
-    eos_id: Optional[int]
-    vocab_size: int
-
-    @classmethod
-    def of(cls, tok: TextTokenizer) -> "Subword":
-        return cls(tok.kind, tok.files[TOKENIZER_FILE], tok.eos_id, tok.vocab_size)
-
-    def identity(self) -> dict[str, Any]:
-        digest = hashlib.sha256(self.tokenizer_json.encode("utf-8")).hexdigest()
-        return {"kind": self.kind, "tokenizer_json_sha256": digest, "eos_id": self.eos_id}
-
-    def encoder(self, own_threads: bool) -> Encoder:
-        if not own_threads:  # one of several pool workers: the pool is the parallelism, not `tokenizers`' threads
-            os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        backend = Tokenizer.from_str(self.tokenizer_json)
-        backend.no_padding()
-        backend.no_truncation()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        eos = [] if self.eos_id is None else [self.eos_id]
-
-        def encode(data: bytes, doc_end: bool, separator: bytes) -> np.ndarray:
-            text = decoder.decode(data, final=doc_end)
-            ids = backend.encode(text, add_special_tokens=False).ids if text else []
-            if doc_end:
-                decoder.reset()
-                ids = ids + eos
-            return np.asarray(ids, dtype=np.int64)
-
-        return encode
-
-
-ShardTokenizer = RawBytes | Subword
 
 
 # ---- corpora: what to tokenize, cut into tasks of about SHARD_BYTES
@@ -477,21 +416,9 @@ def prepare_shards(corpus: Corpus, tok: ShardTokenizer, *, rebuild: bool = False
     return index
 
 
-class hold_lock:
+def hold_lock(path: Path, directory: Path, progress: Progress) -> contextlib.AbstractContextManager[None]:
     """The file lock of one shard directory; says once that it waits for another process."""
-
-    def __init__(self, path: Path, directory: Path, progress: Progress) -> None:
-        self.lock, self.directory, self.progress = FileLock(str(path)), directory, progress
-
-    def __enter__(self) -> None:
-        try:
-            self.lock.acquire(timeout=0)
-        except Timeout:
-            self.progress(f"token shards: waiting for another process preparing {self.directory}")
-            self.lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.release()
+    return file_lock(path, on_wait=lambda: progress(f"token shards: waiting for another process preparing {directory}"))
 
 
 def tokenize_into(directory: Path, corpus: Corpus, tok: ShardTokenizer, *, workers: Optional[int],
@@ -533,13 +460,6 @@ def tokenize_into(directory: Path, corpus: Corpus, tok: ShardTokenizer, *, worke
     progress(f"token shards: {index.tokens:,} tokens in {len(names)} shard(s), {index.shard_bytes / 1e6:,.1f} MB, "
              f"{index.prepared_s:.1f} s")
     return index
-
-
-def available_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # respects container/taskset limits
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)

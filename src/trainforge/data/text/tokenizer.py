@@ -105,6 +105,11 @@ def save_tokenizer(pre: Optional[dict[str, Any]], directory: Path) -> None:
             (directory / "chat_template.jinja").write_text(template, encoding="utf-8")
 
 
+def tokenizer_note(tok: TextTokenizer, extra: dict[str, Any]) -> dict[str, Any]:
+    """The data report's `tokenizer` section: which tokenizer, and `extra` facts of what it tokenized."""
+    return {"kind": tok.kind, "origin": tok.origin, "vocab_size": tok.vocab_size, "pad_id": tok.pad_id, **extra}
+
+
 def is_stored(pre: Optional[dict[str, Any]]) -> bool:
     return bool(pre) and isinstance(pre.get("tokenizer_files"), dict) and TOKENIZER_FILE in pre["tokenizer_files"]
 

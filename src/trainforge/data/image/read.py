@@ -7,7 +7,7 @@ from typing import BinaryIO, Union
 import numpy as np
 from PIL import Image
 
-from trainforge.data.image_preprocess import ImagePreprocess
+from trainforge.data.image.preprocess import ImagePreprocess
 
 
 def read_image(path: Union[str, BinaryIO], image_size: int, grayscale: bool) -> np.ndarray:

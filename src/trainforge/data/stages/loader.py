@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from trainforge.data.manifest import available_cpus  # noqa: F401  (here too: callers and tests reach it here)
 from trainforge.data.seeding import generator_for
 from trainforge.errors import UserError
+from trainforge.hardware.cpus import available_cpus
 
 Key = tuple[int, int]  # (epoch, index): what TrainDataset is indexed by
 

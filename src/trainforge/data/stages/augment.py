@@ -20,7 +20,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 
 from trainforge.config import AugmentConfig
-from trainforge.data.text import PAD_ID
+from trainforge.data.text.byte_level import PAD_ID
 
 CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio range of RandomResizedCrop
 MIN_WINDOW_TOKENS = 8  # a text window crop keeps at least this many tokens (all of a shorter text)

@@ -7,7 +7,7 @@
 
 The steps are those of the three libraries' eval transforms: resize (the shorter side to `resize_size[0]`, or
 exactly to `resize_size` = [h, w]) with the model's interpolation, centre crop to `crop_size`, then the model's
-mean and std (applied by `trainforge.data.normalize`, kind "model"). Files are resized with Pillow on 8-bit
+mean and std (applied by `trainforge.data.stages.normalize`, kind "model"). Files are resized with Pillow on 8-bit
 pixels as timm, torchvision and the transformers image processors do with PIL images; samples a source holds as
 tensors (digits, synthetic images) with torchvision's tensor resize (`apply_tensor`).
 
