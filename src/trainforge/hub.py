@@ -5,7 +5,7 @@
 The hub is asked only when the source is neither a local directory nor cached, never with
 `HF_HUB_OFFLINE=1`, and only once one connection to it has succeeded (`hub_reachable`): on a machine without
 network the libraries would otherwise retry for most of a minute before saying so. In a job of the server a local directory is checked against its data roots again
-(`data.roots.local_path`). What cannot be found is one line (a UserError) naming the field, the id and how to
+(`confine.local_path`). What cannot be found is one line (a UserError) naming the field, the id and how to
 fetch it. Used by the `hf` models and by the data stage (the model's tokenizer and image preprocessing).
 """
 from __future__ import annotations

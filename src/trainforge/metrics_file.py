@@ -4,7 +4,7 @@
     steps, values = metric_series(rows, "val", "accuracy")   # one metric's curve (the report, runs list/compare)
     json.dumps(json_safe(doc), allow_nan=False)        # every JSON file a run writes; `--json` output
 
-`training.metrics.MetricsLog` writes the file; the report (`report.html`), the console and the planner's
+`engine.metrics.MetricsLog` writes the file; the report (`report.html`), the console and the planner's
 calibration read it from here without importing the training package.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ Validation is the CLI's: the recipe's YAML, the KEY=VALUE overrides and the regi
 UserError with one line (the API answers 400 with it). The recipe is a built-in name or YAML text sent by
 the client; the server never reads a path it was sent. Paths a recipe names for its data (`data.path`,
 `data.args.root`) must lie under one of the server's data roots (`--data-root`, none by default), judged
-before anything is read (`data.roots.confine`), and so must the pretrained folders and files it names
+before anything is read (`confine.confine`), and so must the pretrained folders and files it names
 (`model.args.pretrained`, `model.args.config`, `model.args.weights`, `data.from_model`; `jobs.pretrained`),
 whose hub ids must be in the server's caches unless the operator passed `--allow-hub-downloads`. Custom code
 (`model.name: custom`, `data.source: custom`) and downloads are refused: the API starts recipes, never code

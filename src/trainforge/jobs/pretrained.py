@@ -10,7 +10,7 @@ name or a state-dict file) and `data.from_model.source` / `.weights` (whose toke
 data uses). Each is judged here, before anything is loaded:
 
 - A value that looks like a path (absolute, starting with `~` or `.`, or with more than the one `/` of
-  `org/name`) is confined to the data roots like `data.path` (`data.roots.confine`: absolute, lexically
+  `org/name`) is confined to the data roots like `data.path` (`confine.confine`: absolute, lexically
   inside, then inside with symbolic links resolved) and replaced by its real path in the frozen config. In a
   folder, no file may be a link leading out, and the files that tell transformers what to build
   (`config.json`, `*.index.json`, processor configs) may name no file outside it (an absolute path, `~`,

@@ -18,7 +18,7 @@ norms, the output head and the adapters keep their dtype; the adapters compute i
 - int8: torchao's int8 weight-only (`Int8WeightOnlyConfig`): per output channel symmetric int8 with a scale.
 
 Quantizing rounds to nearest, deterministically, so a resumed run rebuilds the same base bit for bit. Checkpoints
-never hold the base (they keep trainable weights only: `training.checkpoint.kept_weights`). On the meta device or
+never hold the base (they keep trainable weights only: `engine.checkpoint.kept_weights`). On the meta device or
 under fake tensors (the planner) nothing is quantized; the planner counts `base_bytes_per_param(kind)` instead.
 """
 from __future__ import annotations

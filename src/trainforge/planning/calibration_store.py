@@ -4,7 +4,7 @@ Stored per device (the catalog name of the local GPU, or "cpu") in `$TRAINFORGE_
 (default `~/.cache/trainforge/`): `time_factor` = measured / predicted step time (divides the efficiency)
 and, on a GPU, `memory_factor` = measured reserved peak / simulated peak (replaces the allocator factor).
 
-Only storage: the planner (`plan`, `auto`) reads the factors from here, and `planning.calibrate`, which
+Only storage: the planner (`plan`, `auto`) reads the factors from here, and `training.calibrate`, which
 runs real steps through the training loop, writes them here; nothing below `calibrate` imports it.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ from trainforge.metrics_file import metric_series, read_metrics
 from trainforge.layout import CHECKPOINTS, CONFIG, EVAL, FINAL, JOB_EXIT, JOB_RECIPE, LATEST, META, METRICS, TENSORBOARD
 
 FINAL_META = Path(FINAL) / META  # training.artifacts: the final model's facts, `ran` among them
-LATEST_FILE = Path(CHECKPOINTS) / LATEST  # training.checkpoint: names the newest complete checkpoint, written last
+LATEST_FILE = Path(CHECKPOINTS) / LATEST  # engine.checkpoint: names the newest complete checkpoint, written last
 SEARCH_DEPTH = 2  # the folder, its subfolders and theirs
 MAX_COMPARED = 10  # runs one comparison takes (`runs compare`, the dashboard): one color each
 RUNNING_MIN_S = 120.0

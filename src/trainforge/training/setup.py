@@ -11,8 +11,8 @@ restart becomes a value here and nowhere else. `fit()` receives a `RunSetup` and
 runs out of memory, the loop asks this function again (with an `OOMNote`) for the smaller setup. The job
 admission resolves a submission here too (with the budget of the server's largest slot), and calibration
 measures the run that this function set up. `trainforge plan`, which searches over GPUs rather than running
-on one, uses the same precision rule (`training.precision.resolve_precision`) and batch geometry
-(`training.microbatch`) for every candidate.
+on one, uses the same precision rule (`engine.precision.resolve_precision`) and batch geometry
+(`engine.microbatch`) for every candidate.
 
 Precedence for the micro-batch: an out-of-memory note (the failed size shrunk to the largest divisor of the
 rank's share that is at most half) > the checkpoint's (a resumed run never grows past what it last ran, nor

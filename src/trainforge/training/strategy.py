@@ -168,7 +168,7 @@ STRATEGIES.register("none")(Strategy)
 class DDP(Strategy):
     """Replicas: every rank starts from rank 0's weights and buffers; gradients are averaged in ~25 MiB buckets,
     each all-reduced while backward is still running, as soon as its gradients are ready
-    (`distributed.data_parallel.OverlappedAllReduce`: DDP's scheme, without the collectives that DDP's own
+    (`engine.data_parallel.OverlappedAllReduce`: DDP's scheme, without the collectives that DDP's own
     forward may hold). Earlier micro-batches of an accumulated step only accumulate. Buffers (BatchNorm
     statistics) are not synchronized: each rank keeps its own and rank 0's are saved, as with DDP's
     `broadcast_buffers=False`."""
