@@ -15,10 +15,9 @@ tensors (the planner), no weights are read.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
-import torchvision
 from safetensors.torch import load_file
 from torch import nn
 
@@ -29,11 +28,7 @@ from trainforge.models import args as check
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.zoo import IMAGE_CLASSIFICATION, input_spec, register_model
 
-ARCHS: dict[str, Callable[..., torchvision.models.ResNet]] = {
-    "resnet18": torchvision.models.resnet18,
-    "resnet34": torchvision.models.resnet34,
-    "resnet50": torchvision.models.resnet50,
-}
+ARCHS = ("resnet18", "resnet34", "resnet50")  # torchvision.models builders of these names
 DEFAULT_DEPTH = 20
 
 
@@ -83,7 +78,9 @@ class CifarResNet(nn.Module):
 
 
 def torchvision_resnet(arch: str, in_channels: int, num_classes: int, weights: Optional[str] = None) -> nn.Module:
-    model = ARCHS[arch](weights=None, num_classes=num_classes)
+    import torchvision  # heavy (about 1.8 s, torch._dynamo included): only a run of a torchvision ResNet needs it
+
+    model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if in_channels != model.conv1.in_channels:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
         nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
@@ -106,6 +103,8 @@ def pretrained_state(arch: str, weights: str) -> dict[str, torch.Tensor]:
         except Exception as e:  # noqa: BLE001 - unpickling and zip errors share no narrower base
             raise UserError(f"model.args.weights: {path} is not a readable state dict ({type(e).__name__})") from None
         return state.get("state_dict", state) if isinstance(state, dict) else {}
+    import torchvision  # heavy (about 1.8 s): only torchvision's own weight sets need it
+
     enum = torchvision.models.get_model_weights(arch)
     names = [w.name for w in enum]
     if weights != "DEFAULT" and weights not in names:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from trainforge.data.seeding import derive_seed
 from trainforge.errors import UserError
@@ -44,6 +43,8 @@ def _holdout(
     """Split `idx` into (rest, holdout of `size`); reports whether it could stratify."""
     if size == 0:
         return idx, idx[:0], True
+    from sklearn.model_selection import train_test_split  # heavy (about 1 s with pandas): only a holdout needs it
+
     stratify = labels is not None and can_stratify(labels, size)
     rest, held = train_test_split(
         idx, test_size=size, stratify=labels if stratify else None, random_state=seed % 2**32
