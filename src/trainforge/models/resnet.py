@@ -78,7 +78,7 @@ class CifarResNet(nn.Module):
 
 
 def torchvision_resnet(arch: str, in_channels: int, num_classes: int, weights: Optional[str] = None) -> nn.Module:
-    import torchvision  # heavy (about 1.8 s, torch._dynamo included): only a run of a torchvision ResNet needs it
+    import torchvision  # heavy (about 1.8 s, torch._dynamo included): of this module, only the torchvision ResNets need it
 
     model = torchvision.models.get_model(arch, weights=None, num_classes=num_classes)
     if in_channels != model.conv1.in_channels:

@@ -43,7 +43,7 @@ def _holdout(
     """Split `idx` into (rest, holdout of `size`); reports whether it could stratify."""
     if size == 0:
         return idx, idx[:0], True
-    from sklearn.model_selection import train_test_split  # heavy (about 1 s with pandas): only a holdout needs it
+    from sklearn.model_selection import train_test_split  # heavy (about 1 s with pandas): only a holdout split needs it, never an LM's ranges
 
     stratify = labels is not None and can_stratify(labels, size)
     rest, held = train_test_split(
