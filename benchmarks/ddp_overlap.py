@@ -133,6 +133,12 @@ def worker(rank: int, port: int, out_dir: str, cfg: dict[str, Any]) -> None:
         Path(out_dir, "rank0.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+    # The store's server lives in rank 0: it leaves only once rank 1 is done with the store, or rank 1's store
+    # client may lose its server mid-shutdown and abort ("terminate called without an active exception").
+    if rank == 1:
+        store.set("left/1", "1")
+    else:
+        store.wait(["left/1"], datetime.timedelta(seconds=60))
 
 
 def free_port() -> int:
