@@ -140,6 +140,25 @@ def test_micro_batch_size_is_an_upper_bound_fitted_to_the_global_batch(tmp_path:
     assert {(r["micro_batch_size"], r["accumulation"]) for r in rows} == {(50, 2)}
 
 
+def test_evaluation_runs_at_the_training_micro_batch(tmp_path: Path):
+    """Validation and test batches are never larger than the micro-batch the run was planned and fitted for."""
+    seen: list[int] = []
+
+    def record(module, args):
+        if args and isinstance(args[0], torch.Tensor) and not module.training:
+            seen.append(args[0].shape[0])
+
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    try:
+        result = trainforge.train(tiny("train.micro_batch_size=8", "train.max_steps=2", "train.eval_every_steps=1"),
+                                  run_dir=tmp_path / "run")
+    finally:
+        handle.remove()
+    assert result.micro_batch_size == 8
+    assert seen, "no evaluation forward was seen"
+    assert max(seen) == 8, sorted(set(seen))
+
+
 def test_cached_accelerator_memory_is_released_after_each_evaluation_and_at_the_end(tmp_path: Path, monkeypatch):
     from trainforge.training import loop
 
