@@ -124,6 +124,10 @@ CPU_SIZES = Sizes(
 # GPU seconds each part is expected to take on an H100-class GPU (setup and planner simulations included): a part
 # is skipped when it would overrun the budget
 ESTIMATE_S = {"run": 25, "compile": 100, "calibrate": 60, "lora": 120, "int8": 45}
+# what `--parts` can name, in the order they run
+PART_ORDER = ("planner", "throughput", "calibrate", "resnet", "lora", "int8")
+PARTS = frozenset(PART_ORDER)
+INT8_TIMED_S = 10.0  # at most this long timing one variant at one shape (a slow fallback kernel must not eat the budget)
 
 
 def short(extra: list[str]) -> list[str]:
@@ -137,12 +141,29 @@ def short(extra: list[str]) -> list[str]:
 class Check:
     """The document being filled, the budget, and what was skipped or failed."""
 
-    def __init__(self, budget_s: float, gpu: bool) -> None:
+    def __init__(self, budget_s: float, gpu: bool, *, save: Optional[Path] = None,
+                 parts: frozenset[str] = PARTS, cases: Optional[str] = None) -> None:
         self.start = time.monotonic()
-        self.budget_s, self.gpu = budget_s, gpu
+        self.budget_s, self.gpu, self.save, self.parts, self.cases = budget_s, gpu, save, parts, cases
         self.doc: dict[str, Any] = {"benchmark": "gpu_check", "mode": "gpu" if gpu else "plumbing", "measured": gpu,
                                     "goals": {"memory_within": GOALS["memory"], "time_within": GOALS["time"]},
-                                    "budget_s": budget_s, "skipped": [], "errors": []}
+                                    "budget_s": budget_s, "parts": sorted(parts), "cases": cases,
+                                    "complete": False, "skipped": [], "errors": []}
+
+    def wants(self, part: str) -> bool:
+        """Whether `--parts` asked for `part`; one left out is recorded as skipped."""
+        if part in self.parts:
+            return True
+        self.doc["skipped"].append({"what": part, "why": "not in --parts"})
+        return False
+
+    def saved(self) -> None:
+        """Write the document so far to `--save`: a command killed at its time limit keeps what it measured."""
+        if self.save is not None:
+            self.save.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.save.with_name(self.save.name + ".tmp")
+            tmp.write_text(json.dumps(finish(self), indent=1) + "\n")
+            tmp.replace(self.save)
 
     def elapsed_s(self) -> float:
         return time.monotonic() - self.start
@@ -171,6 +192,7 @@ class Check:
                 gc.collect()
                 torch.cuda.empty_cache()
             say(f"   {what}: {time.monotonic() - begun:.1f} s")
+            self.saved()
 
 
 def say(text: str) -> None:
@@ -288,7 +310,11 @@ def truth_row(case: Case, calibration: Optional[dict] = None) -> dict[str, Any]:
 
 def planner_truth(check: Check, sizes: Sizes) -> list[Case]:
     rows, measured = [], []
+    check.doc["planner"] = rows  # filled case by case: each part's save holds the cases measured so far
     for case in planner_cases(sizes):
+        if check.cases and check.cases not in case.name:
+            check.doc["skipped"].append({"what": f"planner: {case.name}", "why": f"not matched by --cases {check.cases!r}"})
+            continue
         if not check.affordable(f"planner: {case.name}", ESTIMATE_S["run"]):
             continue
         with check.part(f"planner: {case.name}"):
@@ -296,7 +322,6 @@ def planner_truth(check: Check, sizes: Sizes) -> list[Case]:
             rows.append(truth_row(case))
             measured.append(case)
             say(row_line(rows[-1]))
-    check.doc["planner"] = rows
     return measured
 
 
@@ -477,10 +502,14 @@ def int8_speed(check: Check, sizes: Sizes, device: torch.device) -> None:
 
 
 @torch.inference_mode()
-def forward_time_s(model: torch.nn.Module, x: torch.Tensor, repeats: int, device: torch.device) -> float:
-    """Median forward latency after two warm-up calls."""
-    times = []
+def forward_time_s(model: torch.nn.Module, x: torch.Tensor, repeats: int, device: torch.device,
+                   limit_s: float = INT8_TIMED_S) -> float:
+    """Median forward latency after two warm-up calls; fewer than `repeats` timed calls once `limit_s` is spent."""
+    times: list[float] = []
+    begun = time.perf_counter()
     for i in range(repeats + 2):
+        if times and time.perf_counter() - begun > limit_s:
+            break
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -495,11 +524,12 @@ def forward_time_s(model: torch.nn.Module, x: torch.Tensor, repeats: int, device
 # ---------------------------------------------------------------- the whole check
 
 
-def run_check(budget_s: float, plumbing: bool) -> dict[str, Any]:
+def run_check(budget_s: float, plumbing: bool, *, save: Optional[Path] = None, parts: frozenset[str] = PARTS,
+              cases: Optional[str] = None) -> dict[str, Any]:
     gpu = torch.cuda.is_available() and not plumbing
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     sizes = GPU_SIZES if gpu else CPU_SIZES
-    check = Check(budget_s, gpu)
+    check = Check(budget_s, gpu, save=save, parts=parts, cases=cases)
     if not gpu:
         say(f"{NO_GPU}; checking this script's plumbing on the CPU with tiny sizes")
         check.doc["message"] = NO_GPU
@@ -507,16 +537,24 @@ def run_check(budget_s: float, plumbing: bool) -> dict[str, Any]:
     if check.doc["environment"].get("catalog_name") is None:
         check.doc["errors"].append({"what": "environment", "error": check.doc["environment"]["catalog_error"]})
         return finish(check)
-    measured = planner_truth(check, sizes)
-    gpt2_throughput(check, sizes, measured)
-    planner_calibrated(check, sizes, measured)
-    resnet_throughput(check, sizes, measured)
-    lora_finetune(check, sizes)
-    int8_speed(check, sizes, device)
+    measured = planner_truth(check, sizes) if check.wants("planner") else []
+    if check.wants("throughput"):
+        gpt2_throughput(check, sizes, measured)
+    if check.wants("calibrate"):
+        planner_calibrated(check, sizes, measured)
+    if check.wants("resnet"):
+        resnet_throughput(check, sizes, measured)
+    if check.wants("lora"):
+        lora_finetune(check, sizes)
+    if check.wants("int8"):
+        int8_speed(check, sizes, device)
+    check.doc["complete"] = True
+    check.saved()
     return finish(check)
 
 
 def finish(check: Check) -> dict[str, Any]:
+    """The document with its headline ratios filled in from what was measured so far."""
     doc = check.doc
     rows = doc.get("planner") or []
     memory = [r["memory_ratio"] for r in rows if r["memory_ratio"] is not None]
@@ -560,6 +598,11 @@ def markdown(doc: dict[str, Any]) -> str:
             f"(CUDA build {env.get('cuda') or '-'}); `make gpu-check` took {doc['wall_s']:.0f} s.")
     if not doc["measured"]:
         head += f" **{NO_GPU}** (plumbing mode on the CPU: the figures below are tiny CPU runs, not GPU figures)."
+    if not doc.get("complete", True):
+        head += " **Incomplete:** the command stopped before its end; below is what it had saved."
+    if doc.get("parts") and set(doc["parts"]) != PARTS or doc.get("cases"):
+        head += (f" Parts run: {', '.join(p for p in PART_ORDER if p in doc['parts'])}"
+                 + (f" (planner cases matching {doc['cases']!r})" if doc.get("cases") else "") + ".")
     out = [head, ""]
 
     def truth_table(rows: list[dict[str, Any]]) -> None:
@@ -635,7 +678,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--save", type=Path, help="also write the JSON document to this file")
     parser.add_argument("--from", dest="from_file", type=Path, help="render a saved document instead of measuring")
     parser.add_argument("--plumbing", action="store_true", help="tiny sizes on the CPU even where a GPU is present")
+    parser.add_argument("--parts", default=",".join(PART_ORDER),
+                        help=f"comma-separated parts to run, of {', '.join(PART_ORDER)} (default: all)")
+    parser.add_argument("--cases", help="only the planner cases whose name contains this text (e.g. 'gpt2')")
     args = parser.parse_args(argv)
+    parts = frozenset(p.strip() for p in args.parts.split(",") if p.strip())
+    if not parts or parts - PARTS:
+        print(f"error: --parts: unknown {', '.join(sorted(parts - PARTS)) or 'empty list'}; "
+              f"expected a comma-separated list of {', '.join(PART_ORDER)}", file=sys.stderr)
+        return 2
     if args.from_file is not None:
         try:
             doc = json.loads(args.from_file.read_text())
@@ -643,10 +694,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             print(f"error: --from {args.from_file}: {e}", file=sys.stderr)
             return 2
     else:
-        doc = run_check(args.budget_s, args.plumbing)
-        if args.save is not None:
-            args.save.parent.mkdir(parents=True, exist_ok=True)
-            args.save.write_text(json.dumps(doc, indent=1) + "\n")
+        doc = run_check(args.budget_s, args.plumbing, save=args.save, parts=parts, cases=args.cases)
     if args.json:
         print(json.dumps(doc, indent=1))
     elif args.markdown:

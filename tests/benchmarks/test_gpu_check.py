@@ -129,3 +129,52 @@ def test_the_gpu_sizes_are_valid_recipe_overrides(gpu_check, tmp_path):
         [f"model.args.pretrained={tmp_path / 'model'}", f"data.path={tmp_path / 'chats.jsonl'}", *sizes.lora]))
     assert lora.model.lora is not None and lora.data.args["seq_len"] == 1024
     assert sum(p.numel() for p in gpu_check._meta_llm(sizes.llm_shape).parameters()) == pytest.approx(494e6, rel=0.01)
+
+
+def test_parts_and_cases_choose_what_runs_and_each_part_is_saved_as_it_ends(gpu_check, tmp_path, capsys):
+    """A lent GPU's minutes are few: `--parts`/`--cases` run only what is asked, and `--save` is rewritten after
+    every part, so a command killed at its time limit keeps what it measured (marked incomplete until the end)."""
+    saved = tmp_path / "doc.json"
+    seen: list[tuple[bool, int]] = []
+    real_saved = gpu_check.Check.saved
+
+    def spy(check):
+        real_saved(check)
+        doc = json.loads(saved.read_text())
+        seen.append((doc["complete"], len(doc["planner"])))
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gpu_check.Check, "saved", spy)
+        assert gpu_check.main(["--plumbing", "--parts", "planner", "--cases", "gpt2_small bf16 b2",
+                               "--save", str(saved)]) == 0
+    doc = json.loads(saved.read_text())
+    assert [r["case"] for r in doc["planner"]] == ["gpt2_small bf16 b2", "gpt2_small bf16 b2 +ckpt"]
+    assert seen == [(False, 1), (False, 2), (True, 2)]  # after each case, then once complete
+    skipped = {s["what"] for s in doc["skipped"]}
+    assert {"throughput", "calibrate", "resnet", "lora", "int8"} <= skipped and "planner: digits_cnn" in skipped
+    capsys.readouterr()
+    doc["complete"] = False
+    saved.write_text(json.dumps(doc))
+    assert gpu_check.main(["--from", str(saved), "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "**Incomplete:**" in text and "Parts run: planner (planner cases matching 'gpt2_small bf16 b2')" in text
+
+
+def test_an_unknown_part_is_one_line_and_exit_2(gpu_check, capsys):
+    assert gpu_check.main(["--parts", "planner,lorra"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --parts: unknown lorra") and "\n" not in err
+
+
+def test_a_slow_variant_is_timed_fewer_times_not_for_ever(gpu_check):
+    import torch
+
+    calls = []
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            calls.append(1)
+            return x
+
+    t = gpu_check.forward_time_s(Slow(), torch.zeros(1), repeats=1000, device=torch.device("cpu"), limit_s=0.0)
+    assert t >= 0 and len(calls) == 3  # two warm-ups, then one timed call once the limit is spent
