@@ -10,7 +10,8 @@ from trainforge.data.base import DataInfo
 from trainforge.models import build_model
 from trainforge.planning.memory import LinearPeak, SimCache, SimKey, fit_linear
 from trainforge.planning.plan import MemoryRule, ModelFacts, fit_memory
-from trainforge.planning.simulate import PeakMemTracker, simulate_step
+from trainforge.planning.simulate import simulate_step
+from trainforge.planning.trackers import PeakMemTracker
 from trainforge.engine.losses import task_loss
 from trainforge.engine.optim import build_optimizer
 

@@ -29,16 +29,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.tensor import DTensor
 
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.data.base import DataInfo
@@ -50,6 +46,10 @@ from trainforge.planning.flops import count_flops
 from trainforge.engine.losses import task_loss
 from trainforge.engine.optim import build_optimizer, freeze
 from trainforge.engine.precision import DTYPES, autocast
+
+if TYPE_CHECKING:  # imported where a simulation starts (`_measure`, `_process_group`): about 1.8 s together
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.device_mesh import DeviceMesh
 
 STRATEGIES = ("none", "ddp", "fsdp")
 
@@ -256,6 +256,9 @@ def _measure(
 ) -> _Measured:
     """Build the optimizer (sharding the model first when a mesh is given) and track two iterations, the second
     one's forward and backward replayed (`_replayed_iterations`) or run (`_two_iterations`)."""
+    # heavy (about 1.1 s: torch's memory trackers and DTensor's ops): a training run that plans nothing skips them
+    from trainforge.planning.trackers import PeakFSDPMemTracker, PeakMemTracker
+
     if mesh is None:
         optimizer = build_optimizer(model, optim_cfg)
         tracker = PeakMemTracker()
@@ -270,40 +273,6 @@ def _measure(
         tracker.track_inputs((x, y))
     iterations = _replayed_iterations if replay else _two_iterations
     return iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
-
-
-class _GlobalPeakOnly:
-    """torch's trackers, keeping the peak of the whole step only.
-
-    After every op MemTracker also updates each module's own peak by walking every module it has seen (a
-    weak-keyed dictionary, ~1,000 entries for a 32-layer transformer): ~60% of the time of simulating an 8B
-    model, for module-wise statistics the planner never reads. This override keeps the rest of
-    `_update_peak_stats` as it is: the global peak and its breakdown (`get_tracker_snapshot("peak")`) are
-    the same numbers; `display_modulewise_snapshots` is what is given up.
-    """
-
-    _curr_mem_snap: dict
-    _peak_mem: dict
-    _peak_mem_snap: dict
-
-    def _update_peak_stats(self, peak_state) -> None:
-        for dev, snap in self._curr_mem_snap.items():
-            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
-                self._peak_mem[dev] = snap[_TOTAL_KEY]
-                self._peak_mem_snap[dev] = dict(snap)  # category -> bytes: a flat copy is a deep one
-
-    def reset_peak(self) -> None:
-        """Track the peak from now on, as entering the tracker starts it."""
-        self._peak_mem_snap = {dev: dict(snap) for dev, snap in self._curr_mem_snap.items()}
-        self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in self._peak_mem_snap.items()}
-
-
-class PeakMemTracker(_GlobalPeakOnly, MemTracker):
-    """MemTracker with the global peak only (`_GlobalPeakOnly`)."""
-
-
-class PeakFSDPMemTracker(_GlobalPeakOnly, FSDPMemTracker):
-    """FSDPMemTracker with the global peak only (`_GlobalPeakOnly`)."""
 
 
 def _two_iterations(
@@ -432,6 +401,8 @@ def _process_group(strategy: str, world_size: int) -> Iterator[Optional[DeviceMe
         return
     if dist.is_initialized():
         raise RuntimeError("simulating fsdp needs its own fake process group; torch.distributed is already initialized")
+    from torch.distributed.device_mesh import init_device_mesh  # heavy (DTensor's ops): only an fsdp simulation
+
     dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world_size)
     try:
         yield init_device_mesh("cpu", (world_size,))
@@ -473,6 +444,8 @@ def _param_stats(model: nn.Module) -> tuple[int, int]:
 
 def _local_param_bytes(model: nn.Module) -> int:
     """Bytes of the parameters this rank holds: its shards under FSDP, everything otherwise."""
+    from torch.distributed.tensor import DTensor  # loaded already: the simulation that called this imported it
+
     total = 0
     for p in model.parameters():
         local = p.to_local() if isinstance(p, DTensor) else p

@@ -12,8 +12,6 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-import torchvision.datasets
-import torchvision.transforms.v2.functional as TF
 from PIL import Image
 from pydantic import Field
 from torch.utils.data import Dataset
@@ -51,6 +49,8 @@ class TorchvisionSamples(Samples):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         part = int(np.searchsorted(self.offsets, index, side="right")) - 1
         image, label = self.parts[part][index - int(self.offsets[part])]
+        import torchvision.transforms.v2.functional as TF  # loaded by dataset_class, which built the parts
+
         if self.preprocess is not None and isinstance(image, Image.Image):  # as the model's own transforms: on PIL
             return torch.from_numpy(self.preprocess.apply_pil(image)), torch.tensor(int(label))
         x = TF.to_dtype(TF.to_image(image), torch.float32, scale=True).as_subclass(torch.Tensor)
@@ -65,6 +65,9 @@ class TorchvisionSamples(Samples):
 
 
 def dataset_class(name: str) -> type:
+    # heavy (about 1.9 s, torch._dynamo included): only this source needs torchvision's datasets
+    import torchvision.datasets
+
     cls = getattr(torchvision.datasets, name, None)
     if not (isinstance(cls, type) and issubclass(cls, Dataset)):
         valid = ", ".join(sorted(n for n in torchvision.datasets.__all__ if n[0].isupper()))

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torchvision.transforms.v2.functional as TF
 
 from trainforge.config import AugmentConfig
 from trainforge.data.text.byte_level import PAD_ID
@@ -56,7 +55,14 @@ class Augment:
     channels: int
     value_range: tuple[float, float]
 
+    def __post_init__(self) -> None:
+        # heavy (about 1.9 s, torch._dynamo included): imported here, in the process that builds the data, before
+        # any loader worker forks, and never by a run without image augmentation
+        import torchvision.transforms.v2.functional  # noqa: F401
+
     def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        import torchvision.transforms.v2.functional as TF  # loaded by __post_init__: a lookup here
+
         cfg = self.cfg
         lo, hi = self.value_range
         height, width = x.shape[-2:]
@@ -75,6 +81,8 @@ class Augment:
         return x
 
     def _jitter(self, x: torch.Tensor, g: torch.Generator, lo: float, hi: float) -> torch.Tensor:
+        import torchvision.transforms.v2.functional as TF  # loaded by __post_init__: a lookup here
+
         # torchvision's colour ops clamp float images to [0, 1], so work on that scale and map back.
         s = self.cfg.color_jitter
         span = max(hi - lo, 1e-12)
