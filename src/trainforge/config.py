@@ -241,6 +241,9 @@ class MlflowConfig(Section):
 class LogConfig(Section):
     tensorboard: bool = True
     progress: bool = True  # rich progress bar on stderr
+    # report.html when the run ends (its charts take about a second to draw); `trainforge runs report RUN` writes
+    # it later, from the run directory alone
+    report: bool = True
     runs_root: str = "runs"  # parent of runs/<name>-<timestamp>/ when --run-dir is not given
     mlflow: Optional[MlflowConfig] = None  # off unless set
 

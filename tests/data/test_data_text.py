@@ -172,7 +172,7 @@ TINY_TEXT = [
     "model.name=custom", "model.target=text_models:signaling_bag",
     "train.global_batch_size=16", "train.micro_batch_size=16", "train.max_steps=10", "train.eval_every_steps=5",
     "train.checkpoint_every_steps=4", "train.early_stopping=null", "train.deterministic=true",
-    "log.progress=false", "log.tensorboard=false",
+    "log.progress=false", "log.tensorboard=false", "log.report=false",
 ]
 
 

@@ -28,7 +28,7 @@ RUN = ["data.source=textfile", "data.args.block_size=128", "data.val_fraction=0.
        "train.global_batch_size=16", "train.micro_batch_size=16", "train.checkpoint_every_steps=2",
        "train.eval_every_steps=1000", "train.log_every_steps=1", "train.early_stopping=null",
        "train.deterministic=true", "train.device=cpu", "train.num_threads=1", "data.num_workers=0",
-       "log.progress=false", "log.tensorboard=false", "name=big"]
+       "log.progress=false", "log.tensorboard=false", "log.report=false", "name=big"]
 
 
 def write_corpus(path: Path, total_bytes: int) -> Path:

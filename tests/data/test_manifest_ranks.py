@@ -28,7 +28,7 @@ def test_two_ranks_scan_the_folder_once(tmp_path):
     cmd = [sys.executable, "-m", "trainforge", "train", "data.source=imagefolder", f"data.path={tmp_path / 'images'}",
            "data.args={image_size: 8}", "model.name=mlp", "model.args={hidden: [8]}", "train.device=cpu",
            "train.global_batch_size=8", "train.micro_batch_size=4", "train.max_steps=2", "train.early_stopping=null",
-           "log.progress=false", "log.tensorboard=false", "--run-dir", str(tmp_path / "run"),
+           "log.progress=false", "log.tensorboard=false", "log.report=false", "--run-dir", str(tmp_path / "run"),
            "--nproc-per-node", "2"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -101,7 +101,7 @@ def test_causal_lm_corpus_with_the_models_tokenizer_trains_and_resumes_with_it(t
                                         "data.args.block_size=32", "data.tokenizer=model", "model.name=hf",
                                         f"model.args={{pretrained: {llama}}}", "train.max_steps=3",
                                         "train.global_batch_size=4", "train.micro_batch_size=4", "log.progress=false",
-                                        "log.tensorboard=false", "train.early_stopping=null", "name=lm"])
+                                        "log.tensorboard=false", "log.report=false", "train.early_stopping=null", "name=lm"])
     data = build_data(cfg.data, seed=0)
     assert data.info.task == "lm" and data.info.vocab_size == 320 and data.preprocess["eos_id"] is not None
     run_dir = tmp_path / "run"

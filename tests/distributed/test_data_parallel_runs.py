@@ -25,7 +25,7 @@ BASE = [
     "model.args={hidden: [32], dropout: 0.0}", "train.global_batch_size=32", "train.device=cpu",
     "train.log_every_steps=1", "train.early_stopping=null", "schedule.name=constant", "schedule.warmup_steps=0",
     "train.deterministic=true",
-    "log.progress=false", "log.tensorboard=false",
+    "log.progress=false", "log.tensorboard=false", "log.report=false",
 ]
 
 

@@ -69,7 +69,7 @@ def test_a_node_joins_a_running_job_and_another_leaves_it(tmp_path):
         "model.target=launch_models:paced", f"model.args={{slow_while: {slow}, hidden: 32}}",
         "train.global_batch_size=32", "train.micro_batch_size=16", "train.device=cpu", "train.log_every_steps=1",
         "train.early_stopping=null", "schedule.name=constant", "schedule.warmup_steps=0", f"train.max_steps={STEPS}",
-        "train.checkpoint_every_steps=5", "log.progress=false", "log.tensorboard=false",
+        "train.checkpoint_every_steps=5", "log.progress=false", "log.tensorboard=false", "log.report=false",
         "--run-dir", str(run_dir), "--resume", "auto",  # the same command on every node, joining ones too
         "--nproc-per-node", "1", "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--max-restarts", "2",
     ]

@@ -20,7 +20,7 @@ HERE = str(Path(__file__).resolve().parent)
 BASE = [
     "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "model.name=mlp",
     "model.args={hidden: [8], dropout: 0.0}", "train.global_batch_size=32", "train.micro_batch_size=16",
-    "train.device=cpu", "train.early_stopping=null", "log.progress=false", "log.tensorboard=false",
+    "train.device=cpu", "train.early_stopping=null", "log.progress=false", "log.tensorboard=false", "log.report=false",
 ]
 ELASTIC = ["--nnodes", "1:2", "--rdzv-endpoint", "127.0.0.1:29400"]
 

@@ -16,7 +16,7 @@ from trainforge.engine.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["train.max_steps=2", "train.eval_every_steps=2", "train.log_every_steps=1", "train.device=cpu",
-         "log.progress=false", "log.tensorboard=false"]
+         "log.progress=false", "log.tensorboard=false", "log.report=false"]
 
 
 @pytest.mark.slow

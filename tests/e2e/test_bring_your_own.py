@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = ["log.progress=false", "log.tensorboard=false"]
+QUIET = ["log.progress=false", "log.tensorboard=false", "log.report=false"]
 
 
 def readme_example(tmp_path: Path) -> dict[str, str]:

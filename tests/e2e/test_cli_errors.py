@@ -11,7 +11,7 @@ import pytest
 
 from trainforge.cli import main
 
-QUICK = ["train.max_steps=1", "log.progress=false", "log.tensorboard=false"]
+QUICK = ["train.max_steps=1", "log.progress=false", "log.tensorboard=false", "log.report=false"]
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
@@ -121,7 +121,7 @@ def test_a_diverging_run_exits_1_with_one_line(capsys, tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "training"))
     code, _, err = run_cli([
         "train", "model.name=custom", "model.target=loop_models:nan_on_calls", "model.args={bad_calls: [1, 2, 3, 4, 5]}",
-        "train.max_steps=10", "train.max_bad_steps=3", "log.progress=false", "log.tensorboard=false",
+        "train.max_steps=10", "train.max_bad_steps=3", "log.progress=false", "log.tensorboard=false", "log.report=false",
         "--run-dir", str(tmp_path / "run"),
     ], capsys)
     assert code == 1

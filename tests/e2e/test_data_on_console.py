@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 RUN = ["model.name=mlp", "model.args={}", "data.augment={}", "train.max_steps=2", "train.global_batch_size=16", "log.progress=false",
-       "log.tensorboard=false", "train.early_stopping=null"]
+       "log.tensorboard=false", "log.report=false", "train.early_stopping=null"]
 
 
 def write_csv(path: Path) -> Path:

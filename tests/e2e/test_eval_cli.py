@@ -10,7 +10,7 @@ import pytest
 import trainforge
 from trainforge.cli import main
 
-BASE = ["train.max_steps=6", "train.checkpoint_every_steps=3", "log.progress=false", "log.tensorboard=false",
+BASE = ["train.max_steps=6", "train.checkpoint_every_steps=3", "log.progress=false", "log.tensorboard=false", "log.report=false",
         "train.early_stopping=null", "model.args={channels: [8, 16]}"]
 
 
@@ -65,7 +65,7 @@ def test_eval_language_model_reports_perplexity(tmp_path, capsys):
         "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none",
         "model.name=gpt", "model.args={n_layer: 1, n_head: 2, n_embd: 32}", "train.max_steps=3",
         "train.global_batch_size=16", "train.micro_batch_size=16", "train.early_stopping=null",
-        "log.progress=false", "log.tensorboard=false",
+        "log.progress=false", "log.tensorboard=false", "log.report=false",
     ], run_dir=run_dir)
     doc = eval_json([str(run_dir)], capsys)
     assert doc["perplexity"] == pytest.approx(math.exp(doc["loss"]))

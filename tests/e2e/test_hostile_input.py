@@ -14,7 +14,7 @@ import trainforge.training.api  # noqa: F401  (imported here: the timings below 
 from trainforge.cli import main
 from trainforge.integrity import write_manifest
 
-QUICK = ["train.max_steps=1", "log.progress=false", "log.tensorboard=false"]
+QUICK = ["train.max_steps=1", "log.progress=false", "log.tensorboard=false", "log.report=false"]
 # 536 bytes; fully expanded it is 9^12 values (the 72 MB error message of the security review, and more)
 BOMB = "a: &a [x,x,x,x,x,x,x,x,x]\n" + "".join(
     f"l{i}: &l{i} [" + ",".join([f"*{'a' if i == 1 else f'l{i - 1}'}"] * 9) + "]\n" for i in range(1, 12))

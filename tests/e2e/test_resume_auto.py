@@ -11,7 +11,7 @@ import yaml
 from trainforge.cli import main
 
 QUICK = ["train.max_steps=4", "train.checkpoint_every_steps=2", "train.eval_every_steps=2", "log.progress=false",
-         "log.tensorboard=false", "data.num_workers=0", "train.early_stopping=null"]
+         "log.tensorboard=false", "log.report=false", "data.num_workers=0", "train.early_stopping=null"]
 MLP = ["model.name=mlp", "model.args={hidden: [16]}", *QUICK]
 
 

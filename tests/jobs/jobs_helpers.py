@@ -20,7 +20,7 @@ QUICK = [
     "train.checkpoint_every_steps=4",
     "train.log_every_steps=2",
     "log.progress=false",
-    "log.tensorboard=false",
+    "log.tensorboard=false", "log.report=false",
     "data.num_workers=0",
     "train.early_stopping=null",  # the recipe's early stopping would end long test jobs early
 ]

@@ -23,7 +23,7 @@ def test_a_fine_tuning_job_on_a_model_folder_under_a_data_root_runs_to_success(t
     texts = write_labelled_texts(data_root / "reviews.jsonl", corpus(120))
     quick = [f"data.path={texts}", f"model.args.pretrained={bert}", "data.args.seq_len=16", "train.max_steps=6",
              "train.eval_every_steps=3", "train.global_batch_size=16", "train.early_stopping=null",
-             "schedule.warmup_steps=0", "data.num_workers=0", "log.progress=false", "log.tensorboard=false"]
+             "schedule.warmup_steps=0", "data.num_workers=0", "log.progress=false", "log.tensorboard=false", "log.report=false"]
     with LiveServer(make_service(tmp_path, "cpu:1", data_roots=[data_root])) as server:
         monkeypatch.setenv("TRAINFORGE_SERVER", server.url)
         code, out, err = cli(capsys, "jobs", "submit", "textcls_finetune", *quick, "--json")

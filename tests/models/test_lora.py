@@ -30,7 +30,7 @@ def overrides(files, *extra: str) -> list[str]:
             "model.name=hf", f"model.args={{pretrained: {files['llama']}}}", LORA, "optim.lr=1e-2",
             "train.global_batch_size=8", "train.micro_batch_size=4", "train.eval_every_steps=3",
             "train.checkpoint_every_steps=3", "train.log_every_steps=1", "train.early_stopping=null", "schedule.warmup_steps=0",
-            "log.progress=false", "log.tensorboard=false", *extra]
+            "log.progress=false", "log.tensorboard=false", "log.report=false", *extra]
 
 
 def train(files, run_dir: Path, *extra: str, resume=None):

@@ -20,7 +20,7 @@ TEXT = ["data.source=synthetic_text", "data.args={task: classification, num_samp
         "vocab_size: 257, num_classes: 3}", "data.normalize=none", "data.augment.rotation_deg=0",
         "data.augment.crop_scale=null", "train.global_batch_size=16",
         "train.micro_batch_size=16", "train.early_stopping=null", "train.deterministic=true", "log.progress=false",
-        "log.tensorboard=false", "schedule.warmup_steps=0"]
+        "log.tensorboard=false", "log.report=false", "schedule.warmup_steps=0"]
 
 
 def text_cfg(*extra: str):
@@ -120,7 +120,7 @@ def test_a_causal_lm_from_a_config_trains_and_is_planned_like_the_zoo(tmp_path):
     lm = ["data.source=synthetic_text", "data.args={task: lm, num_samples: 200, seq_len: 32, vocab_size: 64}",
           "data.normalize=none", "data.augment.rotation_deg=0", "data.augment.crop_scale=null", "model.name=hf", f"model.args={{pretrained: false, config: {llama}}}",
           "train.global_batch_size=8", "train.micro_batch_size=8", "train.max_steps=6", "train.early_stopping=null",
-          "log.progress=false", "log.tensorboard=false"]
+          "log.progress=false", "log.tensorboard=false", "log.report=false"]
     cfg = trainforge.load_config(None, lm)
     result = trainforge.train(cfg, run_dir=tmp_path / "lm")
     assert result.status == "completed" and result.eval["perplexity"] < 64  # better than guessing

@@ -66,7 +66,7 @@ def test_on_the_meta_device_no_weights_are_read(weights, monkeypatch):
 def test_fine_tuning_a_timm_model_on_digits(tmp_path, weights):
     cfg = trainforge.load_config(None, ["model.name=timm", f"model.args={{arch: test_resnet, pretrained: {weights}}}",
                                         "train.max_steps=3", "train.global_batch_size=16", "train.micro_batch_size=16",
-                                        "train.early_stopping=null", "log.progress=false", "log.tensorboard=false"])
+                                        "train.early_stopping=null", "log.progress=false", "log.tensorboard=false", "log.report=false"])
     result = trainforge.train(cfg, run_dir=tmp_path / "run")
     assert result.status == "completed" and 0 <= result.eval["accuracy"] <= 1
     assert trainforge.evaluate(result.run_dir)["accuracy"] == result.eval["accuracy"]

@@ -14,7 +14,7 @@ import trainforge
 BERT = dict(model_type="bert", vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
             intermediate_size=128, max_position_embeddings=160)
 COMMON = ["data.source=jsonl", "data.args={seq_len: 144}", "data.normalize=none", "data.augment.rotation_deg=0",
-          "data.augment.crop_scale=null", "train.early_stopping=null", "log.progress=false", "log.tensorboard=false",
+          "data.augment.crop_scale=null", "train.early_stopping=null", "log.progress=false", "log.tensorboard=false", "log.report=false",
           "model.name=hf", "schedule.warmup_steps=10", "optim.lr=1e-3", "train.deterministic=true"]
 
 

@@ -132,3 +132,30 @@ def test_report_does_not_touch_pyplot_or_the_backend(tmp_path):
         "assert matplotlib.get_backend() == 'svg', matplotlib.get_backend()"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_log_report_false_writes_no_report_and_runs_report_writes_it_later(tmp_path, capsys):
+    """`log.report: false` ends the run without drawing its charts; `trainforge runs report RUN` writes the same
+    report from the run directory alone, and refuses a folder that is not a run with one line and exit 2."""
+    import trainforge
+    from trainforge.cli import main
+
+    run = trainforge.train(trainforge.load_config(None, [
+        "data.source=digits", "model.name=mlp", "model.args={hidden: [16], dropout: 0.0}", "train.max_steps=3",
+        "train.global_batch_size=32", "train.micro_batch_size=32", "train.early_stopping=null",
+        "log.progress=false", "log.tensorboard=false", "log.report=false"]), run_dir=tmp_path / "run").run_dir
+    assert (run / "eval.json").is_file() and not (run / "report.html").exists()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["runs", "report", str(run)])
+    assert done.value.code in (0, None)
+    assert capsys.readouterr().out.strip() == str(run / "report.html")
+    html = (run / "report.html").read_text()
+    assert "Training curves" in html and "Confusion matrix" in html and len(_images(html)) >= 2
+
+    (tmp_path / "not-a-run").mkdir()
+    with pytest.raises(SystemExit) as refused:
+        main(["runs", "report", str(tmp_path / "not-a-run")])
+    err = capsys.readouterr().err.strip()
+    assert refused.value.code == 2 and "not a run directory" in err and "\n" not in err
+    assert list((tmp_path / "not-a-run").iterdir()) == []

@@ -21,7 +21,7 @@ from trainforge.training.loop import FitHooks
 
 RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "digits_cnn.yaml")
 TINY = ["train.max_steps=6", "train.eval_every_steps=2", "train.log_every_steps=2", "train.num_threads=1",
-        "log.progress=false", "log.tensorboard=false"]
+        "log.progress=false", "log.tensorboard=false", "log.report=false"]
 LRS = ("0.001", "0.003", "0.01")
 LIST_KEYS = ["name", "run_dir", "recipe", "status", "steps", "metric", "best_val", "best_val_step", "test",
              "started_at", "duration_s", "micro_batch_size", "device", "world_size"]
@@ -292,12 +292,12 @@ def test_the_commands_join_a_runs_group_another_stage_made():
     app.add_typer(group, name="runs")
     register(app)
     assert [g.name for g in app.registered_groups] == ["runs"]
-    assert [c.name for c in group.registered_commands] == ["sync", "list", "compare"]
-    from trainforge.cli import app as trainforge_app  # and the real app has one group with the three
+    assert [c.name for c in group.registered_commands] == ["sync", "list", "compare", "report"]
+    from trainforge.cli import app as trainforge_app  # and the real app has one group with the four
 
     groups = [g for g in trainforge_app.registered_groups if g.name == "runs"]
     assert len(groups) == 1
-    assert sorted(c.name for c in groups[0].typer_instance.registered_commands) == ["compare", "list", "sync"]
+    assert sorted(c.name for c in groups[0].typer_instance.registered_commands) == ["compare", "list", "report", "sync"]
 
 
 def test_listing_runs_loads_neither_torch_nor_matplotlib(three_runs):

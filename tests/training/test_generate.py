@@ -17,7 +17,7 @@ from trainforge.training.generate import Detokenizer, generate
 
 CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>\n{% endfor %}"
                  "{% if add_generation_prompt %}<s>assistant:{% endif %}")
-QUIET = ["log.progress=false", "log.tensorboard=false", "train.early_stopping=null"]
+QUIET = ["log.progress=false", "log.tensorboard=false", "log.report=false", "train.early_stopping=null"]
 TEXT = ["data.augment.rotation_deg=0", "data.augment.crop_scale=null", "data.normalize=none"]
 
 

@@ -30,7 +30,7 @@ TINY = [
     "train.early_stopping=null",
     "train.deterministic=true",
     "log.progress=false",
-    "log.tensorboard=false",
+    "log.tensorboard=false", "log.report=false",
 ]
 
 
@@ -52,7 +52,7 @@ def assert_same_weights(a: dict, b: dict, exact: bool = True) -> None:
 
 
 def test_run_dir_has_every_artifact(tmp_path: Path):
-    result = trainforge.train(tiny("log.tensorboard=true"), run_dir=tmp_path / "run")
+    result = trainforge.train(tiny("log.tensorboard=true", "log.report=true"), run_dir=tmp_path / "run")
     run = result.run_dir
     for name in ("config.yaml", "metrics.jsonl", "data_report.json", "eval.json", "report.html",
                  "final/model.safetensors", "final/model.json", "checkpoints/latest"):

@@ -11,7 +11,7 @@ from trainforge.models import build_model
 from trainforge.training.loop import FitHooks
 from trainforge.engine.losses import task_loss
 
-QUICK = ["train.max_steps=12", "train.eval_every_steps=4", "log.progress=false", "log.tensorboard=false",
+QUICK = ["train.max_steps=12", "train.eval_every_steps=4", "log.progress=false", "log.tensorboard=false", "log.report=false",
          "train.early_stopping=null"]
 
 

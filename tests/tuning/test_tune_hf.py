@@ -29,7 +29,7 @@ def test_a_two_trial_study_of_a_pretrained_bert_completes_and_reports_its_metric
     short = [f"data.path={texts}", f"model.args.pretrained={bert}", "data.args.seq_len=16", "train.max_steps=6",
              "train.eval_every_steps=3", "train.global_batch_size=16", "train.micro_batch_size=16",
              "train.early_stopping=null", "schedule.warmup_steps=0", "train.num_threads=1", "log.progress=false",
-             "log.tensorboard=false"]
+             "log.tensorboard=false", "log.report=false"]
     result = tune_cli(["textcls_finetune", *short, "--space", str(tmp_path / "space.yaml"), "--trials", "2",
                        "--pruner", "none", "--out", str(out)], capsys)
     assert result["counts"] == {"complete": 2, "pruned": 0, "failed": 0} and result["metric"] == "accuracy"

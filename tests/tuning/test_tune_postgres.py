@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from trainforge.cli import main
 
 SHORT = ["train.max_steps=20", "train.eval_every_steps=10", "train.num_threads=1", "log.progress=false",
-         "log.tensorboard=false", "data.num_workers=0", "model.args.channels=[8,16]"]
+         "log.tensorboard=false", "log.report=false", "data.num_workers=0", "model.args.channels=[8,16]"]
 
 
 def tune_json(capsys, *args: str) -> dict:

@@ -22,7 +22,7 @@ from trainforge.cli import main
 
 SHORT = [
     "train.max_steps=40", "train.eval_every_steps=10", "train.num_threads=1", "log.progress=false",
-    "log.tensorboard=false", "data.num_workers=0", "model.args.channels=[8,16]",
+    "log.tensorboard=false", "log.report=false", "data.num_workers=0", "model.args.channels=[8,16]",
 ]
 SPACE = """\
 optim.lr: {type: float, low: 1.0e-4, high: 5.0e-2, log: true}

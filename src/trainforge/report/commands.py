@@ -4,6 +4,7 @@
     trainforge runs list /shared/runs --json              # one JSON document: a list of runs list rows
     trainforge runs compare runs/a runs/b runs/c          # -> ./compare.html: curves, config differences, test metrics
     trainforge runs compare runs/a runs/b --out /tmp/ab.html --json
+    trainforge runs report runs/a                         # (re)writes runs/a/report.html from the run directory
 
 Module-level imports stay light: the comparison's charts load matplotlib only while `runs compare` draws them.
 """
@@ -18,6 +19,8 @@ from rich.table import Table
 
 from trainforge.config import LogConfig
 from trainforge.console import err, out, print_json
+from trainforge.errors import UserError
+from trainforge.layout import CONFIG
 from trainforge.report.runs import RunSummary, find_runs, format_duration
 
 if TYPE_CHECKING:
@@ -42,6 +45,21 @@ def register(app: typer.Typer) -> None:
     group = runs_group(app)
     group.command("list")(list_runs)
     group.command("compare")(compare)
+    group.command("report")(report)
+
+
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory (the folder holding config.yaml and metrics.jsonl)."),
+) -> None:
+    """Write a run's report.html from its run directory.
+
+    For a run trained with log.report: false, a run stopped before its end, or a report to redraw. Only that
+    run's report.html is replaced."""
+    from trainforge.report import write_report  # heavy (matplotlib): `runs list` starts fast
+
+    if not (run_dir / CONFIG).is_file():
+        raise UserError(f"{run_dir}: not a run directory (no {CONFIG}); pass the folder a training run wrote")
+    out.print(str(write_report(run_dir)), highlight=False, soft_wrap=True)
 
 
 def list_runs(

@@ -369,7 +369,7 @@ def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, 
 def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunInputs,
            rebuild: Callable[[DataInfo], nn.Module], result: TrainResult) -> None:
     """The final model (best with early stopping > EMA > last weights) into final/, its test metrics into
-    eval.json (and `result.eval`), report.html. Every rank calls it; the weights are gathered once."""
+    eval.json (and `result.eval`), report.html (with `log.report`). Every rank calls it; the weights are gathered once."""
     setup, info, run_dir = state.setup, inputs.data.info, inputs.run_dir
     weights = strategy.whole_weights(model, state.chosen_weights())  # a collective under FSDP
     if not setup.env.is_main:
@@ -402,7 +402,8 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
         report = {**inputs.data.report, "dropped_at_run_time": found}
         write_text_atomic(run_dir / DATA_REPORT, json.dumps(report, indent=1))
         announce_line(runtime_line(found))
-    write_report(run_dir)
+    if setup.loop.report:
+        write_report(run_dir)
 
 
 def grad_norm_and_clip(model: nn.Module, max_norm: Optional[float], measure: bool) -> Optional[float]:

@@ -58,6 +58,7 @@ class LoopSettings:
     keep_checkpoints: int
     tensorboard: bool
     progress: bool
+    report: bool
 
     @classmethod
     def of(cls, cfg: Config) -> "LoopSettings":
@@ -65,7 +66,8 @@ class LoopSettings:
         return cls(seed=cfg.seed, config_yaml=cfg.to_yaml(), optim=cfg.optim, schedule=cfg.schedule, early_stopping=tc.early_stopping,
                    ema_decay=tc.ema_decay, label_smoothing=tc.label_smoothing, grad_clip_norm=tc.grad_clip_norm,
                    log_every_steps=tc.log_every_steps, max_bad_steps=tc.max_bad_steps,
-                   keep_checkpoints=tc.keep_checkpoints, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress)
+                   keep_checkpoints=tc.keep_checkpoints, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
+                   report=cfg.log.report)
 
 
 @dataclass(frozen=True)
