@@ -88,7 +88,7 @@ def test_a_job_mirrors_its_run_into_an_allowed_mlflow_server_that_serves_its_art
 
     service = make_service(tmp_path, "cpu:1", tracking_uri_allow=[mlflow_server])
     job = service.submit(Submission("digits_cnn", overrides=(
-        *with_steps(4), "train.eval_every_steps=2",
+        *with_steps(4), "train.eval_every_steps=2", "log.report=true",  # the report is one of the artifacts
         f"log.mlflow={{tracking_uri: '{mlflow_server}', experiment: server-jobs, register_model: server-digits}}")))
     [job] = run_all(service, [job])
     assert job.state == "succeeded", job.reason

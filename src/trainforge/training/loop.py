@@ -53,7 +53,6 @@ from trainforge.files import write_text_atomic
 from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
 from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, SAMPLES, TENSORBOARD
 from trainforge.models.lora import base_reference
-from trainforge.report import write_report
 from trainforge.training.artifacts import info_to_dict, save_final_model
 from trainforge.training.evaluate import evaluate_model
 from trainforge.training.setup import OOMNote, RunSetup
@@ -403,6 +402,8 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
         write_text_atomic(run_dir / DATA_REPORT, json.dumps(report, indent=1))
         announce_line(runtime_line(found))
     if setup.loop.report:
+        from trainforge.report import write_report  # heavy (matplotlib, about 0.4 s): only a run that writes its report
+
         write_report(run_dir)
 
 
