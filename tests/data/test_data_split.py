@@ -20,6 +20,25 @@ def test_stratified_split_keeps_class_proportions():
     assert sorted(everything.tolist()) == list(range(1000))  # a partition: no overlap, nothing lost
 
 
+def test_every_class_gets_its_share_within_one_on_random_label_sets():
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        k = int(rng.integers(2, 15))
+        labels = rng.integers(0, k, int(rng.integers(4 * k, 600))) if trial % 2 else np.repeat(
+            np.arange(k), rng.integers(2, 40, k))  # uniform, and very uneven classes
+        splits, method = random_split(labels, len(labels), 0.15, 0.2, seed=trial)
+        assert sorted(np.concatenate(list(splits.values())).tolist()) == list(range(len(labels)))
+        if method != "stratified":
+            continue
+        counts = np.bincount(labels, minlength=k)
+        test_share = counts * len(splits["test"]) / len(labels)
+        assert np.all(np.abs(np.bincount(labels[splits["test"]], minlength=k) - test_share) < 1)
+        rest = np.setdiff1d(np.arange(len(labels)), splits["test"])
+        val_share = np.bincount(labels[rest], minlength=k) * len(splits["val"]) / len(rest)
+        assert np.all(np.abs(np.bincount(labels[splits["val"]], minlength=k) - val_share) < 1)
+        assert all(np.all(np.diff(v) > 0) for v in splits.values())  # sorted
+
+
 def test_split_is_a_function_of_the_seed():
     labels = np.arange(300) % 3
     a, _ = random_split(labels, 300, 0.1, 0.2, seed=1)

@@ -49,6 +49,26 @@ def test_classification_metrics_match_hand_computed_values():
     json.dumps(m, allow_nan=False)  # eval.json-ready: plain Python types only
 
 
+def test_classification_metrics_equal_scikit_learn_on_random_predictions():
+    """Computed from the confusion matrix with numpy (no scikit-learn import in a training process); the
+    same numbers as scikit-learn's, absent and never-predicted classes included."""
+    from sklearn.metrics import confusion_matrix, f1_score, precision_recall_fscore_support
+
+    rng = np.random.default_rng(7)
+    for trial in range(40):
+        k = int(rng.integers(2, 12))
+        n = int(rng.integers(1, 300))
+        y_true = rng.integers(0, k, n) if trial % 3 else rng.integers(0, max(1, k // 2), n)  # some classes absent
+        y_pred = np.where(rng.random(n) < 0.6, y_true, rng.integers(0, k, n))
+        m = classification_metrics(y_true, y_pred, [f"c{i}" for i in range(k)])
+        labels = list(range(k))
+        assert m["confusion_matrix"] == confusion_matrix(y_true, y_pred, labels=labels).tolist()
+        p, r, f, s = precision_recall_fscore_support(y_true, y_pred, labels=labels, zero_division=0)
+        got = [[m["per_class"][f"c{i}"][key] for i in range(k)] for key in ("precision", "recall", "f1", "support")]
+        np.testing.assert_allclose(got, [p, r, f, s], rtol=0, atol=1e-12)
+        assert m["macro_f1"] == pytest.approx(f1_score(y_true, y_pred, average="macro", zero_division=0), abs=1e-12)
+
+
 def test_perfect_predictions_score_one():
     y = np.array([3, 0, 1, 1])
     m = classification_metrics(y, y.copy(), NAMES)
