@@ -73,8 +73,9 @@ def test_a_node_joins_a_running_job_and_another_leaves_it(tmp_path):
         "--run-dir", str(run_dir), "--resume", "auto",  # the same command on every node, joining ones too
         "--nproc-per-node", "1", "--nnodes", "1:2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--max-restarts", "2",
     ]
-    # torchrun's own variable for --rdzv-conf: wait 1 s, not 30, for more nodes once the minimum is there
-    env = dict(os.environ, PYTHONPATH=HERE, PET_RDZV_CONF="last_call_timeout=1")
+    # torchrun's own variable for --rdzv-conf: wait 1 s, not 30, for more nodes once the minimum is there, and
+    # a node's heartbeat every 1 s, not 5, so the node that left is found gone (3 missed beats) in 3 s, not 15
+    env = dict(os.environ, PYTHONPATH=HERE, PET_RDZV_CONF="last_call_timeout=1,keep_alive_interval=1")
     logs = {name: open(tmp_path / f"{name}.err", "w+") for name in ("first", "second")}
     start = time.monotonic()
     deadline = start + 170
