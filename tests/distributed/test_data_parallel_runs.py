@@ -17,6 +17,8 @@ from procs import children
 import torch
 from safetensors.torch import load_file
 
+import trainforge
+
 pytestmark = pytest.mark.slow
 
 LOOP_MODELS = str(Path(__file__).resolve().parents[1] / "training")
@@ -44,6 +46,13 @@ def run(cmd: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
     return proc
 
 
+def here(run_dir: Path, *extra: str, micro: int = 32, resume: str | None = None):
+    """A one-process run in this process: what `command(...)` without --nproc-per-node runs, less the start of
+    a Python process (the CLI's path is tested elsewhere; here only the launcher's groups need processes)."""
+    cfg = trainforge.load_config(None, [*BASE, f"train.micro_batch_size={micro}", *extra])
+    return trainforge.train(cfg, run_dir=run_dir, resume=resume)
+
+
 def train_losses(run_dir: Path) -> list[float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
@@ -57,7 +66,7 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_processes_match_one_process_with_twice_the_micro_batch(tmp_path):
-    run(command(tmp_path / "one", "train.max_steps=20", micro=32))
+    here(tmp_path / "one", "train.max_steps=20", micro=32)
     run(command(tmp_path / "two", "train.max_steps=20", nproc=2, micro=16))
     one, two = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert len(one) == len(two) == 20
@@ -66,11 +75,11 @@ def test_two_processes_match_one_process_with_twice_the_micro_batch(tmp_path):
 
 
 def test_a_checkpoint_from_two_processes_resumes_on_one_and_back(tmp_path):
-    run(command(tmp_path / "ref1", "train.max_steps=12", micro=16))
+    here(tmp_path / "ref1", "train.max_steps=12", micro=16)
     run(command(tmp_path / "a", "train.max_steps=6", nproc=2, micro=16))
-    run(command(tmp_path / "a", "train.max_steps=12", micro=16) + ["--resume", "auto"])
+    here(tmp_path / "a", "train.max_steps=12", micro=16, resume="auto")
     assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref1"), train_losses(tmp_path / "a"))) < 1e-5
-    run(command(tmp_path / "b", "train.max_steps=6", micro=16))
+    here(tmp_path / "b", "train.max_steps=6", micro=16)
     run(command(tmp_path / "b", "train.max_steps=12", nproc=2, micro=16) + ["--resume", "auto"])
     assert max(abs(x - y) for x, y in zip(train_losses(tmp_path / "ref1"), train_losses(tmp_path / "b"))) < 1e-5
 
@@ -165,13 +174,13 @@ def test_fsdp_keeps_ema_and_best_weights_and_resumes_on_one_process_and_back(tmp
     weights and best step of the one-process run."""
     kept = [*GPT, "train.ema_decay=0.8", "train.eval_every_steps=2",
             "train.early_stopping={metric: loss, mode: min, patience: 100}"]
-    run(command(tmp_path / "ref", *kept, "train.max_steps=10", micro=8))
+    here(tmp_path / "ref", *kept, "train.max_steps=10", micro=8)
     run(command(tmp_path / "a", *kept, "train.max_steps=5", "distributed.strategy=fsdp", nproc=2, micro=4))
     assert (tmp_path / "a" / "checkpoints" / "step-000005" / ".metadata").exists()  # sharded (DCP)
     state = torch.load(tmp_path / "a" / "checkpoints" / "step-000005" / "state.pt", weights_only=True)
     assert state["sharded_groups"] == ["best_model", "ema"] and state["ema"] == {} and state["best_model"] == {}
-    run(command(tmp_path / "a", *kept, "train.max_steps=10", "distributed.strategy=none", micro=8) + ["--resume", "auto"])
-    run(command(tmp_path / "b", *kept, "train.max_steps=5", micro=8))
+    here(tmp_path / "a", *kept, "train.max_steps=10", "distributed.strategy=none", micro=8, resume="auto")
+    here(tmp_path / "b", *kept, "train.max_steps=5", micro=8)
     run(command(tmp_path / "b", *kept, "train.max_steps=10", "distributed.strategy=fsdp", nproc=2, micro=4)
         + ["--resume", "auto"])
     ref = weights(tmp_path / "ref")
