@@ -266,12 +266,17 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_two_ranks_read_disjoint_shards_in_the_contract_order_and_resume_exactly_after_a_kill(prepared, tmp_path):
+def test_two_ranks_read_disjoint_shards_in_the_contract_order_and_resume_exactly_after_a_kill(prepared, tmp_path,
+                                                                                                monkeypatch):
     root, result = prepared
     shards = root / "shards"
     assert result["samples"]["train"] == 64 and result["shards"]["train"] == 10  # 9 shards of 7, one of 1
 
-    train(shards, tmp_path / "one", tmp_path / "rec-one")
+    # one process, in this one: the same recipe and overrides `train` gives the CLI
+    (tmp_path / "rec-one").mkdir()
+    monkeypatch.setenv("RECORD_DIR", str(tmp_path / "rec-one"))
+    cfg = trainforge.load_config(str(recipe(tmp_path)), [f"data.path={shards}", "train.micro_batch_size=8"])
+    trainforge.train(cfg, run_dir=tmp_path / "one")
     one = [ids for _, ids in recorded(tmp_path / "rec-one", 0)]
     assert one == contract(shards, 1, 0, 8, 10)  # one process: all shards, 8 steps an epoch, into the second
 
