@@ -50,7 +50,7 @@ def measure_steps(cfg, *, steps: int = MEASURED_STEPS, warmup: int = WARMUP_STEP
     short = config_from_dict(apply_overrides(cfg.model_dump(mode="json"), [
         f"train.max_steps={total}", "train.log_every_steps=1", f"train.eval_every_steps={total}",
         f"train.checkpoint_every_steps={total}", "train.early_stopping=null", "log.progress=false",
-        "log.tensorboard=false",
+        "log.tensorboard=false", "log.report=false",  # the run directory is deleted at once: no plots for nobody
     ]))
     if device.type == "cuda":
         gc.collect()
