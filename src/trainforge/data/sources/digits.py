@@ -30,7 +30,7 @@ def _digits_csv() -> Path:
 
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """(images (1797, 8, 8) float64 0..16, labels (1797,) int64): what `sklearn.datasets.load_digits` returns
-    (tests/data/test_sources.py compares them), read from the same file."""
+    (tests/data/test_data_sources.py compares them), read from the same file."""
     with gzip.open(_digits_csv(), "rt") as f:
         table = np.loadtxt(f, delimiter=",")
     return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
