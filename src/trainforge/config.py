@@ -257,6 +257,9 @@ class StageConfig(Section):
     mlflow_parent_run_id: Optional[str] = None  # `trainforge tune`: the study's MLflow run, each trial its child
 
 
+INTERNAL_SECTION = "stage"  # Config.stage: written by trainforge's own stages, read back from stored configs only
+
+
 class Config(Section):
     name: str = "run"
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -292,7 +295,10 @@ class Config(Section):
         return self
 
     def to_yaml(self) -> str:
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
+        """The config as config.yaml holds it. A `stage:` section at its defaults is left out: what a plain run
+        writes is then a recipe again (a recipe may not set `stage:`, see refuse_internal_keys)."""
+        exclude = {INTERNAL_SECTION} if self.stage == StageConfig() else None
+        return yaml.safe_dump(self.model_dump(mode="json", exclude=exclude), sort_keys=False)
 
 
 def model_source(model: ModelConfig, field: str = "data.tokenizer", what: str = "its tokenizer") -> FromModelConfig:
@@ -554,8 +560,13 @@ def parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`raw` with each KEY=VALUE of `overrides` set; one that names the internal `stage:` section (or a key that moved
+    there) is refused, whatever `raw` is (see refuse_internal_keys)."""
+    internal_old = {old for old, new in MOVED_KEYS if new[0] == INTERNAL_SECTION}
     for item in overrides:
         parts, value = parse_override(item)
+        if parts[0] == INTERNAL_SECTION or tuple(parts) in internal_old:
+            raise _internal_key(".".join(parts), "the overrides")
         set_dotted(raw, parts, value, label=item)
     return raw
 
@@ -696,12 +707,36 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         raise UserError(format_validation_error(err)) from None
 
 
+def refuse_internal_keys(raw: dict[str, Any], source: str) -> dict[str, Any]:
+    """`raw` (a recipe with its overrides, keys that moved already at their new place) when it sets nothing of the
+    `stage:` section; else a UserError naming the first key. `trainforge compress` and `tune` record there what their
+    own runs are (a pruned architecture, a study's MLflow run), and a config is read back with it on resume; a recipe
+    that set it would build a model that its weights do not fit, or file its run under another study."""
+    section = raw.get(INTERNAL_SECTION) if isinstance(raw, dict) else None
+    if section is None:
+        return raw
+    keys = [f"{INTERNAL_SECTION}.{k}" for k in section] if isinstance(section, dict) and section else [INTERNAL_SECTION]
+    raise _internal_key(keys[0], source)
+
+
+def _internal_key(key: str, source: str) -> UserError:
+    return UserError(f"{key}: set by trainforge's own stages (compress, tune) and read back from a run's stored "
+                     f"config, never from a recipe or override; remove it from {source}")
+
+
+def recipe_config(raw: dict[str, Any], overrides: list[str], source: str) -> Config:
+    """The config of a user's recipe `raw` (parsed YAML) with KEY=VALUE `overrides`: the one way a recipe becomes a
+    Config (the CLI, the Python API and the job server's admission)."""
+    raw = apply_overrides(raw, list(overrides))
+    if isinstance(raw, dict):
+        refuse_internal_keys(migrate_keys(raw), f"{source} and its overrides" if overrides else source)
+    return config_from_dict(raw)
+
+
 def load_config(path: Optional[Union[str, Path]] = None, overrides: Optional[list[str]] = None) -> Config:
     """Load a recipe (a path or a built-in name; None = the default recipe) and apply overrides."""
     recipe = resolve_recipe(None if path is None else str(path))
-    raw = read_yaml(recipe)
-    raw = apply_overrides(raw, list(overrides or []))
-    return config_from_dict(raw)
+    return recipe_config(read_yaml(recipe), list(overrides or []), f"the recipe {recipe.name}")
 
 
 def config_from_yaml_text(text: str, source: str = "the stored config") -> Config:

@@ -35,6 +35,7 @@ from typing import Optional, Sequence
 from urllib.parse import urlparse
 
 from trainforge.config import (Config, apply_overrides, builtin_recipes, config_from_dict, parse_yaml_mapping, read_yaml,
+                               recipe_config,
                                set_dotted)
 from trainforge.confine import confine, named_paths
 from trainforge.engine.env import DistEnv
@@ -78,7 +79,7 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
     for item in overrides:
         if not isinstance(item, str):
             raise UserError(f"overrides: expected KEY=VALUE strings, got {quote(item)}")
-    cfg = config_from_dict(apply_overrides(raw, list(overrides)))
+    cfg = recipe_config(raw, list(overrides), "the recipe")
     if cfg.model.name == "custom" or cfg.model.target:
         raise UserError("model.name: the job server runs the built-in model zoo only, not custom code "
                         "(model.target); run custom models with `trainforge train`")
