@@ -103,3 +103,68 @@ def test_the_loop_reads_no_config():
     text = _texts()["training/loop.py"]
     assert not re.search(r"\b(?:cfg|tc)\.", text), re.findall(r".*\b(?:cfg|tc)\..*", text)
     assert not re.search(r"\bconfig\.\w", text.replace("inputs.config,", "")), re.findall(r".*\bconfig\.\w.*", text)
+
+
+# The run and job directories' names (issue 39): spelled in layout.py alone. A file name is flagged where it builds a
+# path (an operand of `/`, an argument of Path(), glob(), joinpath() ...); the checkpoint and metadata names wherever
+# they appear as a string (f-string pieces included), docstrings and messages aside.
+PATH_NAMES = {"final", "run", "tmp", "model.json", "sandbox.json", "step-"}
+ALWAYS_NAMES = ("step-", ".tmp-step-", "model.json", "sandbox.json")
+PATH_CALLS = {"Path", "PurePath", "glob", "rglob", "joinpath", "with_name", "removeprefix", "startswith"}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def layout_names_spelled(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, string) of each place a run/job directory name is spelled outside layout.py's constants."""
+    skip = _docstrings(tree)
+    in_path: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            in_path |= {id(node.left), id(node.right)}
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in PATH_CALLS:
+                in_path |= {id(a) for a in node.args}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            text = node.value
+            if (id(node) in in_path and text in PATH_NAMES) or text.startswith(ALWAYS_NAMES):
+                found.append((node.lineno, text))
+    return sorted(found)
+
+
+def test_run_and_job_directory_names_are_spelled_in_layout_alone():
+    spelled = [f"{path}:{line}: {text!r}" for path, tree in _trees().items() if path != "layout.py"
+               for line, text in layout_names_spelled(tree)]
+    assert not spelled, "use trainforge.layout (RunDir, JobDir, step_dir_name, STEP_GLOB ...):\n" + "\n".join(spelled)
+
+
+def test_the_name_check_sees_each_way_a_name_is_spelled():
+    code = '''
+run = job_dir / "run"
+final = Path(run_dir, "final")
+ckpt = root / f"step-{step:06d}"
+found = root.glob("step-*")
+step = int(name.removeprefix("step-"))
+meta = path / "model.json"
+fence = "sandbox.json"
+'''
+    assert sorted(line for line, _ in layout_names_spelled(ast.parse(code))) == [2, 3, 4, 5, 6, 7, 8]
+    fine = '''
+"""A docstring may say final/model.json and checkpoints/step-*."""
+name: str = "run"
+rows = {"run": label}
+raise UserError("not a run directory, final/ or checkpoints/step-* directory")
+'''
+    assert layout_names_spelled(ast.parse(fine)) == []

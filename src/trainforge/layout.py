@@ -31,6 +31,8 @@ MLFLOW_STATE = "mlflow.json"  # what the run uploaded to MLflow, and where
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"  # in checkpoints/: the name of the newest complete checkpoint, written last
 STEP_PREFIX = "step-"  # checkpoints/step-000120
+STEP_GLOB = STEP_PREFIX + "*"  # every checkpoint directory of checkpoints/ (renamed into place or not)
+TMP_STEP_GLOB = ".tmp-" + STEP_GLOB  # a checkpoint still being written (or left by a kill mid-write)
 FINAL = "final"
 WEIGHTS = "model.safetensors"  # in final/ and in every checkpoint
 META = "model.json"  # in final/: config, data facts, preprocessing, digests
@@ -50,6 +52,18 @@ JOB_LOG = "log.txt"
 JOB_EXIT = "exit.json"
 JOB_SANDBOX = "sandbox.json"
 JOB_TMP = "tmp"
+
+
+def step_dir_name(step: int) -> str:
+    """The checkpoint directory of an optimizer step: 120 -> "step-000120"."""
+    return f"{STEP_PREFIX}{step:06d}"
+
+
+def step_of(name: str) -> int:
+    """The step a checkpoint directory name stands for: "step-000120" -> 120 (ValueError for any other name)."""
+    if not name.startswith(STEP_PREFIX):
+        raise ValueError(f"{name!r} is not a checkpoint name ({STEP_PREFIX}NNNNNN)")
+    return int(name.removeprefix(STEP_PREFIX))
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ def fake_run(run_dir: Path, lr: float, accuracy: float) -> None:
 
 def add_job(service, name: str, lr: float = 0.0, accuracy: float = 0.5, state: str = "succeeded") -> int:
     """A job in the store as if it had run (its run directory written by `fake_run`), or a queued one without a run."""
-    job = service.store.create(job_dir_for=lambda i: str(service.paths(i).job_dir), name=name, recipe="digits_cnn",
+    job = service.store.create(job_dir_for=lambda i: str(service.paths(i).path), name=name, recipe="digits_cnn",
                                overrides=[], config_yaml="name: x\n", num_gpus=1, priority=0, max_restarts=0,
                                memory_bytes=2**20, total_steps=6)
     if state != "queued":

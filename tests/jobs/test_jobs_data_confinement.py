@@ -163,9 +163,9 @@ def fenced_read(service, job, *, check: bool, fence: bool) -> dict:
             "    print(json.dumps({'read': 'refused', 'why': str(e)}))\n"
             "except PermissionError as e:\n"
             "    print(json.dumps({'read': 'denied', 'why': str(e)}))\n")
-    for folder in (paths.run_dir, paths.tmp):
+    for folder in (paths.run, paths.tmp):
         folder.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([sys.executable, "-c", code], cwd=paths.job_dir, capture_output=True, text=True, timeout=120,
+    out = subprocess.run([sys.executable, "-c", code], cwd=paths.path, capture_output=True, text=True, timeout=120,
                          env=runner.job_env(service._job_env(job), service.slots[:1], paths),
                          preexec_fn=sandbox.preexec(service._policy(paths)) if fence else None)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -178,7 +178,7 @@ def test_a_link_swapped_in_after_admission_is_refused_by_the_job_and_the_fence_a
     service = make_service(tmp_path, "cpu:1", data_roots=[data_root])
     folder = shards_in(data_root, outside, link=False)
     job = service.submit(Submission("digits_cnn", overrides=tuple(wds_job(folder)["overrides"])))  # real files now
-    service.paths(job.id).job_dir.mkdir(parents=True)
+    service.paths(job.id).path.mkdir(parents=True)
     service.paths(job.id).recipe.write_text(job.config_yaml)
     for f in folder.glob("train-*"):  # then links to the same bytes outside every root
         f.unlink()

@@ -181,7 +181,7 @@ def test_a_job_from_before_names_were_checked_is_shown_escaped(tmp_path, capsys,
     service = make_service(tmp_path)
     evil = "evil\x1b[2J\x1b]0;pwned\x07"
     job = service.store.create(
-        job_dir_for=lambda i: str(service.paths(i).job_dir), name=evil, recipe="digits_cnn",
+        job_dir_for=lambda i: str(service.paths(i).path), name=evil, recipe="digits_cnn",
         overrides=[f"name={evil}"], config_yaml="name: old\n", num_gpus=1, priority=0, max_restarts=0,
         memory_bytes=2**20, total_steps=10)
     gone = subprocess.Popen(["true"])

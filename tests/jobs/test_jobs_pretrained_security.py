@@ -22,7 +22,8 @@ from jobs_helpers import QUICK, make_service
 from trainforge.errors import UserError
 from trainforge.jobs.admission import load_submission
 from trainforge.jobs.pretrained import hub_env, is_hub_id, looks_like_path
-from trainforge.jobs.runner import JobPaths, start_attempt
+from trainforge.jobs.runner import start_attempt
+from trainforge.layout import JobDir
 from trainforge.jobs.server import create_app
 
 CLIENT = {"X-Trainforge-Client": "test"}
@@ -223,10 +224,10 @@ def test_the_checks_and_the_jobs_run_offline_without_the_servers_hub_token(tmp_p
 
 
 def test_a_job_runs_in_its_own_directory(tmp_path):
-    paths = JobPaths(tmp_path / "jobs" / "1")
+    paths = JobDir(tmp_path / "jobs" / "1")
     code = "import os, pathlib; pathlib.Path('cwd.txt').write_text(os.getcwd())"
     start_attempt(paths, [sys.executable, "-c", code], dict(os.environ), "test").wait(timeout=60)
-    assert (paths.job_dir / "cwd.txt").read_text() == str(paths.job_dir)
+    assert (paths.path / "cwd.txt").read_text() == str(paths.path)
 
 
 def test_the_grammar():

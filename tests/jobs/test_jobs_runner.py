@@ -11,26 +11,27 @@ import pytest
 from jobs_helpers import wait_for
 from trainforge.jobs import runner
 from trainforge.jobs.slots import Slot
+from trainforge.layout import JobDir
 
 CPU = [Slot("cpu0", "cpu", "cpu", 2**30, 2**30)]
 GPUS = [Slot("0", "gpu", "H100", 2**30, 2**30, 0), Slot("3", "gpu", "H100", 2**30, 2**30, 3)]
 
 
 def test_train_argv_holds_only_server_made_paths(tmp_path):
-    paths = runner.JobPaths(tmp_path / "jobs" / "7")
+    paths = JobDir(tmp_path / "jobs" / "7")
     argv = runner.train_argv("/py", paths, CPU, resume=False)
     assert argv == ["/py", "-m", "trainforge", "train", str(paths.recipe), "train.device=cpu", "train.num_threads=1",
-                    "--run-dir", str(paths.run_dir)]
+                    "--run-dir", str(paths.run)]
     argv = runner.train_argv("/py", paths, GPUS, resume=True)
     assert argv[-4:] == ["--nproc-per-node", "2", "--resume", "auto"] and "train.device=cpu" not in argv
     wrapped = runner.wrapped_argv("/py", paths, 3, argv)
-    assert wrapped[:7] == ["/py", "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit_file), "--attempt", "3"]
+    assert wrapped[:7] == ["/py", "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit), "--attempt", "3"]
     assert wrapped[7:10] == ["--sandbox", str(paths.sandbox), "--"] and wrapped[10:] == argv
     assert runner.wrapped_argv("/py", paths, 3, argv, sandboxed=False)[7:] == ["--", *argv]
 
 
 def test_job_env_pins_devices_and_gives_the_job_its_own_temp_folder(tmp_path):
-    paths = runner.JobPaths(tmp_path / "jobs" / "7")
+    paths = JobDir(tmp_path / "jobs" / "7")
     assert runner.job_env({"A": "1"}, GPUS, paths)["CUDA_VISIBLE_DEVICES"] == "0,3"
     env = runner.job_env({"HOME": "/root", "TMPDIR": "/tmp"}, CPU, paths)
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "1" and env["PYTHONUNBUFFERED"] == "1"
@@ -100,9 +101,9 @@ def test_kill_leftovers_stops_every_process_of_a_run(tmp_path):
             p.wait()
 
 
-def _wrapped(tmp_path: Path, code: str, attempt: int = 4) -> tuple[subprocess.Popen, runner.JobPaths]:
-    paths = runner.JobPaths(tmp_path)
-    argv = runner.wrapped_argv(sys.executable, paths, attempt, [sys.executable, "-c", code, str(paths.run_dir)],
+def _wrapped(tmp_path: Path, code: str, attempt: int = 4) -> tuple[subprocess.Popen, JobDir]:
+    paths = JobDir(tmp_path)
+    argv = runner.wrapped_argv(sys.executable, paths, attempt, [sys.executable, "-c", code, str(paths.run)],
                                sandboxed=False)
     return subprocess.Popen(argv, start_new_session=True), paths
 
@@ -120,8 +121,8 @@ def test_wrapper_records_a_signal_and_survives_the_group_sigterm(tmp_path):
             "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
-    paths = runner.JobPaths(tmp_path)
-    argv = runner.wrapped_argv(sys.executable, paths, 1, [sys.executable, "-c", code, str(paths.run_dir)],
+    paths = JobDir(tmp_path)
+    argv = runner.wrapped_argv(sys.executable, paths, 1, [sys.executable, "-c", code, str(paths.run)],
                                sandboxed=False)
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
@@ -138,10 +139,10 @@ def test_wrapper_records_a_signal_and_survives_the_group_sigterm(tmp_path):
 def test_killing_the_wrapper_kills_the_trainer(tmp_path):
     proc, paths = _wrapped(tmp_path, "import time; time.sleep(60)")
     try:
-        child = wait_for(lambda: [p for p in runner.job_processes(paths.run_dir) if p != proc.pid], 10, "the child")[0]
+        child = wait_for(lambda: [p for p in runner.job_processes(paths.run) if p != proc.pid], 10, "the child")[0]
         proc.kill()  # SIGKILL the wrapper only
         proc.wait()
         wait_for(lambda: not runner.is_alive(child), 10, "the orphaned child to die (PR_SET_PDEATHSIG)")
         assert runner.read_exit(paths, 4) is None
     finally:
-        runner.kill_leftovers(paths.run_dir)
+        runner.kill_leftovers(paths.run)

@@ -17,6 +17,7 @@ from trainforge.errors import UserError
 from trainforge.jobs import runner
 from trainforge.jobs import sandbox
 from trainforge.jobs.environment import parse_tracking_allow, uri_allowed
+from trainforge.layout import JobDir
 
 SECRETS = {"MLFLOW_TRACKING_USERNAME": "op-user-321", "MLFLOW_TRACKING_PASSWORD": "op-password-123",
            "MLFLOW_TRACKING_TOKEN": "op-token-456", "AWS_SECRET_ACCESS_KEY": "aws-secret-789",
@@ -123,7 +124,7 @@ def test_a_fenced_job_writes_only_its_run_and_temp_folders_and_reads_only_what_i
 
 
 def test_the_wrapper_never_starts_the_trainer_without_its_fence(tmp_path):
-    paths = runner.JobPaths(tmp_path)  # no sandbox.json: the fence cannot be built
+    paths = JobDir(tmp_path)  # no sandbox.json: the fence cannot be built
     marker = tmp_path / "ran"
     argv = runner.wrapped_argv(sys.executable, paths, 1, [sys.executable, "-c", f"open({str(marker)!r}, 'w')"])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -136,10 +137,10 @@ def test_jobs_run_inside_the_fence_the_server_writes_for_them(tmp_path):
     service = make_service(tmp_path, data_roots=[])
     paths = service.paths(7)
     policy = service._policy(paths)
-    assert str(paths.run_dir) in policy.write and str(paths.tmp) in policy.write
-    assert str(paths.job_dir) in policy.read and str(paths.job_dir) not in policy.write
+    assert str(paths.run) in policy.write and str(paths.tmp) in policy.write
+    assert str(paths.path) in policy.read and str(paths.path) not in policy.write
     assert not any(str(service.state_dir) == p or p.startswith(str(service.state_dir / "jobs") + "/") and
-                   not p.startswith(str(paths.job_dir)) for p in (*policy.read, *policy.write))
+                   not p.startswith(str(paths.path)) for p in (*policy.read, *policy.write))
     argv = runner.wrapped_argv(sys.executable, paths, 1, ["true"], sandboxed=service.sandboxed)
     assert argv[argv.index("--sandbox") + 1] == str(paths.sandbox)
 

@@ -40,8 +40,8 @@ def test_a_killed_job_resumes_and_one_without_restarts_left_fails(service):
     b = service.submit(Submission("digits_cnn", overrides=tuple(with_steps(150)), max_restarts=0))
     dirs = {j.id: service.paths(j.id) for j in (a, b)}
     for j in (a, b):
-        wait_for(lambda: latest_checkpoint_step(dirs[j.id].run_dir) >= 4, 90, f"job {j.id}'s first checkpoint")
-        pid = trainer_pid(dirs[j.id].job_dir)
+        wait_for(lambda: latest_checkpoint_step(dirs[j.id].run) >= 4, 90, f"job {j.id}'s first checkpoint")
+        pid = trainer_pid(dirs[j.id].path)
         assert pid, "the trainer process"
         runner.signal_job(pid, signal.SIGKILL)  # the whole job dies, as on an OOM kill or a node fault
     wait_for(lambda: service.store.get(a.id).state in ("succeeded", "failed")
@@ -51,12 +51,12 @@ def test_a_killed_job_resumes_and_one_without_restarts_left_fails(service):
     assert (done.state, done.restarts, done.attempt) == ("succeeded", 1, 2)
     log = dirs[a.id].log.read_text()
     assert "attempt 1 ended: killed by SIGKILL" in log and "--resume auto" in log and "resumed at step" in log
-    assert_trained_once(dirs[a.id].run_dir, 150)
+    assert_trained_once(dirs[a.id].run, 150)
 
     failed = service.store.get(b.id)
     assert (failed.state, failed.restarts, failed.attempt) == ("failed", 0, 1)
     assert failed.reason.startswith("killed by SIGKILL") and failed.reason.endswith("(after 0 restart(s))")
-    assert runner.job_processes(dirs[b.id].run_dir) == []
+    assert runner.job_processes(dirs[b.id].run) == []
 
 
 @pytest.mark.slow
@@ -88,14 +88,14 @@ def test_cancel_stops_a_running_job_after_a_checkpoint(service):
     service.start()
     job = service.submit(Submission("digits_cnn", overrides=tuple(with_steps(5000))))
     paths = service.paths(job.id)
-    wait_for(lambda: latest_checkpoint_step(paths.run_dir) >= 4, 90, "the first checkpoint")
+    wait_for(lambda: latest_checkpoint_step(paths.run) >= 4, 90, "the first checkpoint")
     assert service.cancel(job.id).state == "running"  # until the process has saved and exited
     wait_for(lambda: service.store.get(job.id).state == "cancelled", 60, "the cancel")
     got = service.store.get(job.id)
     assert got.reason == "cancelled by the user" and got.restarts == 0
     assert "SIGTERM: checkpoint saved at step" in paths.log.read_text()
     assert runner.read_exit(paths, 1) == 0  # the trainer stopped cleanly
-    assert runner.job_processes(paths.run_dir) == []
+    assert runner.job_processes(paths.run) == []
     assert service.cancel(job.id).state == "cancelled"  # cancelling twice is harmless
 
 
@@ -131,7 +131,7 @@ def test_the_services_placement_decides_the_slots(tmp_path, monkeypatch, placeme
     service = make_service(tmp_path, "cpu:2", slot_memory_gb=40.0, **kwargs)
     monkeypatch.setattr(service, "_launch", lambda job: None)  # where jobs go, not running them
     for gib in (10, 30, 30):
-        service.store.create(job_dir_for=lambda i: str(service.paths(i).job_dir), name="j", recipe="digits_cnn",
+        service.store.create(job_dir_for=lambda i: str(service.paths(i).path), name="j", recipe="digits_cnn",
                              overrides=[], config_yaml="name: j\n", num_gpus=1, priority=0, max_restarts=0,
                              memory_bytes=gib * 2**30, total_steps=20)
     service._schedule()
@@ -148,20 +148,20 @@ def test_an_unknown_placement_is_refused(tmp_path):
 
 def running_job(service, *, pid=None, ticks=None, attempt_exit=None, complete=False):
     """A job the table calls running, as a crashed server would have left it."""
-    job = service.store.create(job_dir_for=lambda i: str(service.paths(i).job_dir), name="j", recipe="digits_cnn",
+    job = service.store.create(job_dir_for=lambda i: str(service.paths(i).path), name="j", recipe="digits_cnn",
                                overrides=[], config_yaml="name: j\n", num_gpus=1, priority=0, max_restarts=2,
                                memory_bytes=1000, total_steps=20)
     service.store.claim(job.id, ["cpu0"])
     if pid is not None:
         service.store.set_process(job.id, pid, ticks)
     paths = service.paths(job.id)
-    paths.run_dir.mkdir(parents=True)
+    paths.run.mkdir(parents=True)
     if attempt_exit is not None:
-        paths.exit_file.write_text(json.dumps({"attempt": 1, "returncode": attempt_exit}))
+        paths.exit.write_text(json.dumps({"attempt": 1, "returncode": attempt_exit}))
     if complete:
-        (paths.run_dir / "final").mkdir()
-        (paths.run_dir / "final" / "model.safetensors").write_bytes(b"x")
-        (paths.run_dir / "eval.json").write_text("{}")
+        (paths.run / "final").mkdir()
+        (paths.run / "final" / "model.safetensors").write_bytes(b"x")
+        (paths.run / "eval.json").write_text("{}")
     return job, paths
 
 
@@ -172,7 +172,7 @@ def sleeper(run_dir: Path) -> subprocess.Popen:
 
 def test_reconcile_adopts_a_live_job_and_judges_it_when_it_ends(service):
     job, paths = running_job(service)
-    proc = sleeper(paths.run_dir)
+    proc = sleeper(paths.run)
     try:
         ticks = wait_for(lambda: runner.start_ticks(proc.pid), 5, "the process")
         service.store.set_process(job.id, proc.pid, ticks)
@@ -180,10 +180,10 @@ def test_reconcile_adopts_a_live_job_and_judges_it_when_it_ends(service):
         got = service.store.get(job.id)
         assert (got.state, got.pid, got.attempt) == ("running", proc.pid, 1)  # adopted, not started again
         service.tick()
-        assert service.store.get(job.id).state == "running" and runner.job_processes(paths.run_dir) == [proc.pid]
+        assert service.store.get(job.id).state == "running" and runner.job_processes(paths.run) == [proc.pid]
         assert "adopted by a restarted server" in paths.log.read_text()
         # it ends while we are not its parent: the wrapper's exit record and the run dir tell how
-        paths.exit_file.write_text(json.dumps({"attempt": 1, "returncode": -9}))
+        paths.exit.write_text(json.dumps({"attempt": 1, "returncode": -9}))
         proc.kill()
         proc.wait()
         service.tick()  # requeued (restart 1 of 2) and started again for real

@@ -249,13 +249,13 @@ def test_runs_list_rows_statuses_order_and_json(three_runs, stopped_run, tmp_pat
 
 
 def test_runs_list_reads_a_failed_job_and_an_early_stop(three_runs, stopped_run, tmp_path, capsys):
-    from trainforge.jobs.runner import JobPaths
+    from trainforge.layout import JobDir
 
-    job = JobPaths(tmp_path / "jobs" / "7")
-    shutil.copytree(stopped_run, job.run_dir)
+    job = JobDir(tmp_path / "jobs" / "7")
+    shutil.copytree(stopped_run, job.run)
     job.recipe.write_text("name: digits_cnn\n")
-    job.exit_file.write_text(json.dumps({"attempt": 1, "returncode": 1}))
-    age(job.run_dir, HOUR_S)
+    job.exit.write_text(json.dumps({"attempt": 1, "returncode": 1}))
+    age(job.run, HOUR_S)
     early = tmp_path / "jobs" / "early"  # patience 1, and the kept (best) evaluation is not the last: stopped early
     shutil.copytree(three_runs[0], early)
     config = (early / "config.yaml").read_text().replace("patience: 10", "patience: 1")
@@ -265,8 +265,8 @@ def test_runs_list_reads_a_failed_job_and_an_early_stop(three_runs, stopped_run,
     code, stdout, err = cli(["runs", "list", str(tmp_path / "jobs"), "--json"], capsys)
     assert code == 0, err
     assert {r["name"]: r["status"] for r in json.loads(stdout)} == {"run": "failed", "early": "early_stopped"}
-    job.exit_file.write_text(json.dumps({"attempt": 1, "returncode": 0}))  # ended cleanly (cancelled): resumable
-    rows = json.loads(cli(["runs", "list", str(job.job_dir), "--json"], capsys)[1])
+    job.exit.write_text(json.dumps({"attempt": 1, "returncode": 0}))  # ended cleanly (cancelled): resumable
+    rows = json.loads(cli(["runs", "list", str(job.path), "--json"], capsys)[1])
     assert [(r["name"], r["status"]) for r in rows] == [("run", "stopped")]
 
 

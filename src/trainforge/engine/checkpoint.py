@@ -28,14 +28,10 @@ from trainforge.errors import UserError
 from trainforge.files import fsync_dir, write_text_atomic
 from trainforge.integrity import MANIFEST_FILE, check_files, read_digests, write_manifest
 from trainforge.models.lora import adapter_names
-from trainforge.layout import LATEST, STATE, WEIGHTS
+from trainforge.layout import LATEST, STATE, STEP_GLOB, TMP_STEP_GLOB, WEIGHTS, step_dir_name
 MODEL_FILE = WEIGHTS
 STATE_FILE = STATE
 OTHER_CHECKPOINT = "resume from another checkpoint"
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def contiguous_state(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -92,7 +88,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
     """Checkpoint directories that were renamed into place, oldest first (temp dirs excluded)."""
     if not root.is_dir():
         return []
-    found = [p for p in root.glob("step-*") if p.is_dir() and (p / MANIFEST_FILE).is_file()]
+    found = [p for p in root.glob(STEP_GLOB) if p.is_dir() and (p / MANIFEST_FILE).is_file()]
     return sorted(found, key=lambda p: p.name)
 
 
@@ -103,7 +99,7 @@ def prune_checkpoints(root: Path, keep: int) -> None:
         if latest is not None and old.name == latest.name:
             continue
         shutil.rmtree(old, ignore_errors=True)
-    for tmp in root.glob(".tmp-step-*"):  # left by a kill mid-write; never referenced by `latest`
+    for tmp in root.glob(TMP_STEP_GLOB):  # left by a kill mid-write; never referenced by `latest`
         if not tmp.name.endswith("-sharded"):  # the sharded one in flight is cleaned by its writer
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -27,49 +27,18 @@ from typing import Optional, Sequence
 
 from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slots import Slot
-from trainforge.layout import EVAL, FINAL, JOB_EXIT, JOB_LOG, JOB_RECIPE, WEIGHTS
+from trainforge.layout import EVAL, FINAL, WEIGHTS, JobDir
 
 EXIT_BAD_INPUT = 2  # trainforge's exit code for a user error: retrying cannot help
 LOG_HEADER = "[trainforge-jobs]"  # prefix of the lines the server itself writes into a job's log
 
 
-@dataclass(frozen=True)
-class JobPaths:
-    job_dir: Path
-
-    @property
-    def recipe(self) -> Path:
-        return self.job_dir / JOB_RECIPE
-
-    @property
-    def run_dir(self) -> Path:
-        return self.job_dir / "run"
-
-    @property
-    def log(self) -> Path:
-        return self.job_dir / JOB_LOG
-
-    @property
-    def exit_file(self) -> Path:
-        return self.job_dir / JOB_EXIT
-
-    @property
-    def tmp(self) -> Path:
-        """The job's private temp folder (HOME, TMPDIR, its caches): writable by it, kept across its attempts."""
-        return self.job_dir / "tmp"
-
-    @property
-    def sandbox(self) -> Path:
-        """The fence the wrapper puts around the trainer (jobs/sandbox.py), written by the server."""
-        return self.job_dir / "sandbox.json"
-
-
-def train_argv(python: str, paths: JobPaths, slots: Sequence[Slot], resume: bool) -> list[str]:
+def train_argv(python: str, paths: JobDir, slots: Sequence[Slot], resume: bool) -> list[str]:
     """The trainer's command line; everything in it is a path the server made or a fixed token."""
     argv = [python, "-m", "trainforge", "train", str(paths.recipe)]
     if slots and slots[0].kind == "cpu":
         argv += ["train.device=cpu", "train.num_threads=1"]  # a CPU slot is one core's worth of work
-    argv += ["--run-dir", str(paths.run_dir)]
+    argv += ["--run-dir", str(paths.run)]
     if len(slots) > 1:
         argv += ["--nproc-per-node", str(len(slots))]
     if resume:
@@ -77,13 +46,13 @@ def train_argv(python: str, paths: JobPaths, slots: Sequence[Slot], resume: bool
     return argv
 
 
-def wrapped_argv(python: str, paths: JobPaths, attempt: int, argv: Sequence[str], sandboxed: bool = True) -> list[str]:
+def wrapped_argv(python: str, paths: JobDir, attempt: int, argv: Sequence[str], sandboxed: bool = True) -> list[str]:
     fence = ["--sandbox", str(paths.sandbox)] if sandboxed else []
-    return [python, "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit_file), "--attempt", str(attempt),
+    return [python, "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit), "--attempt", str(attempt),
             *fence, "--", *argv]
 
 
-def job_env(base: dict[str, str], slots: Sequence[Slot], paths: JobPaths) -> dict[str, str]:
+def job_env(base: dict[str, str], slots: Sequence[Slot], paths: JobDir) -> dict[str, str]:
     """`base` (the allow-listed part of the server's environment, jobs/environment.py) plus what this attempt needs:
     its devices, and its own temp folder as HOME, TMPDIR and cache."""
     env = dict(base)
@@ -97,16 +66,16 @@ def job_env(base: dict[str, str], slots: Sequence[Slot], paths: JobPaths) -> dic
     return env
 
 
-def start_attempt(paths: JobPaths, argv: Sequence[str], env: dict[str, str], header: str) -> subprocess.Popen:
+def start_attempt(paths: JobDir, argv: Sequence[str], env: dict[str, str], header: str) -> subprocess.Popen:
     """Start the wrapped attempt in its own session (it outlives a server crash), output appended to the log."""
-    paths.job_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    paths.exit_file.unlink(missing_ok=True)
+    paths.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.exit.unlink(missing_ok=True)
     with open(os.open(paths.log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
         log.write(f"{LOG_HEADER} {header}\n".encode())
         log.flush()
         # umask 077: the run directory, checkpoints and logs a job writes are its owner's alone
         return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                cwd=paths.job_dir, start_new_session=True, close_fds=True, umask=0o077)
+                                cwd=paths.path, start_new_session=True, close_fds=True, umask=0o077)
 
 
 # ---------------------------------------------------------------- processes as /proc sees them
@@ -195,10 +164,10 @@ def kill_leftovers(run_dir: Path, timeout_s: float = 10.0) -> list[int]:
 # ---------------------------------------------------------------- how an attempt ended
 
 
-def read_exit(paths: JobPaths, attempt: int) -> Optional[int]:
+def read_exit(paths: JobDir, attempt: int) -> Optional[int]:
     """The trainer's return code the wrapper recorded for `attempt` (negative: killed by that signal)."""
     try:
-        doc = json.loads(paths.exit_file.read_text())
+        doc = json.loads(paths.exit.read_text())
     except (OSError, ValueError):
         return None
     if doc.get("attempt") != attempt or not isinstance(doc.get("returncode"), int):

@@ -45,7 +45,7 @@ import yaml
 
 from trainforge.errors import UserError
 from trainforge.files import SHARED_HOME_ENV, lock_file, write_text_atomic
-from trainforge.layout import CONFIG_TEXT
+from trainforge.layout import CONFIG_TEXT, JobDir
 from trainforge.jobs import runner
 from trainforge.confine import ENV as ROOTS_ENV
 from trainforge.confine import roots_env
@@ -138,8 +138,8 @@ class JobService:
 
     # ------------------------------------------------------------ paths and views
 
-    def paths(self, job_id: int) -> runner.JobPaths:
-        return runner.JobPaths(self.state_dir / "jobs" / str(job_id))
+    def paths(self, job_id: int) -> JobDir:
+        return JobDir(self.state_dir / "jobs" / str(job_id))
 
     def get(self, job_id: int) -> Job:
         job = self.store.get(job_id)
@@ -181,7 +181,7 @@ class JobService:
             raise UserError(f"--max-restarts: expected 0 or more, got {sub.max_restarts}")
         admitted = self._admit(sub)
         job = self.store.create(
-            job_dir_for=lambda i: str(self.paths(i).job_dir), name=admitted.name, recipe=sub.recipe,
+            job_dir_for=lambda i: str(self.paths(i).path), name=admitted.name, recipe=sub.recipe,
             overrides=list(sub.overrides), config_yaml=admitted.config_yaml, num_gpus=sub.num_gpus,
             priority=sub.priority, max_restarts=sub.max_restarts, memory_bytes=admitted.memory_bytes,
             total_steps=admitted.total_steps,
@@ -284,7 +284,7 @@ class JobService:
         with self._lock:
             for job in self.store.running():
                 paths = self.paths(job.id)
-                if job.pid and runner.is_ours(job.pid, job.pid_start_ticks, paths.run_dir):
+                if job.pid and runner.is_ours(job.pid, job.pid_start_ticks, paths.run):
                     self._note(job.id, f"adopted by a restarted server (pid {job.pid})")
                     continue
                 if self._readopt(job):
@@ -297,7 +297,7 @@ class JobService:
 
     def _readopt(self, job: Job) -> bool:
         """Another live process of the job (e.g. started just before a crash): watch that one."""
-        pids = runner.job_processes(self.paths(job.id).run_dir)
+        pids = runner.job_processes(self.paths(job.id).run)
         if not pids:
             return False
         leader = next((p for p in pids if _pgid(p) == p), pids[0])
@@ -310,7 +310,7 @@ class JobService:
         if popen is not None:
             alive = popen.poll() is None
         else:
-            alive = runner.is_ours(job.pid, job.pid_start_ticks, self.paths(job.id).run_dir)
+            alive = runner.is_ours(job.pid, job.pid_start_ticks, self.paths(job.id).run)
             if not alive and self._readopt(job):
                 return
         if alive:
@@ -335,11 +335,11 @@ class JobService:
         paths = self.paths(job.id)
         self._popens.pop(job.id, None)
         self._cancel_deadline.pop(job.id, None)
-        runner.kill_leftovers(paths.run_dir)  # e.g. an orphaned torchrun worker: never two attempts at once
+        runner.kill_leftovers(paths.run)  # e.g. an orphaned torchrun worker: never two attempts at once
         rc = runner.read_exit(paths, job.attempt)
         if rc is None and wrapper_rc is not None and wrapper_rc < 0:
             rc = wrapper_rc  # the wrapper itself was killed (and took the trainer with it)
-        outcome = runner.judge(rc, complete=runner.run_complete(paths.run_dir), cancel_requested=job.cancel_requested,
+        outcome = runner.judge(rc, complete=runner.run_complete(paths.run), cancel_requested=job.cancel_requested,
                                restarts=job.restarts, max_restarts=job.max_restarts,
                                last_line=runner.last_log_line(paths.log))
         if outcome.state == "queued":
@@ -373,10 +373,10 @@ class JobService:
         paths = self.paths(job.id)
         slots = [self.slot_by_id[s] for s in job.slots]
         try:
-            private_dir(paths.job_dir)
+            private_dir(paths.path)
             write_text_atomic(paths.recipe, job.config_yaml, mode=PRIVATE_FILE)  # what was accepted, whatever a stale directory holds
-            runner.kill_leftovers(paths.run_dir)
-            for folder in (paths.run_dir, paths.tmp):  # they must exist for the fence to let the job write them
+            runner.kill_leftovers(paths.run)
+            for folder in (paths.run, paths.tmp):  # they must exist for the fence to let the job write them
                 private_dir(folder)
             if self.sandboxed:
                 self._policy(paths).save(paths.sandbox)
@@ -394,9 +394,9 @@ class JobService:
         self.store.set_process(job.id, popen.pid, runner.start_ticks(popen.pid))
         log.info("job %d attempt %d started on %s (pid %d)", job.id, job.attempt, ",".join(job.slots), popen.pid)
 
-    def _policy(self, paths: runner.JobPaths) -> sandbox.Policy:
+    def _policy(self, paths: JobDir) -> sandbox.Policy:
         """The job's fence: it writes its run directory and temp folder, reads its folder, the roots and caches."""
-        return sandbox.job_policy(run_dir=paths.run_dir, tmp_dir=paths.tmp, job_dir=paths.job_dir,
+        return sandbox.job_policy(run_dir=paths.run, tmp_dir=paths.tmp, job_dir=paths.path,
                                   data_roots=self.data_roots, caches=[Path(c) for c in self.caches.values()],
                                   writable_caches=self.allow_hub_downloads, prepared=self.prepared)
 

@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from trainforge.errors import UserError
-from trainforge.layout import JOB_LOG
+from trainforge.layout import JobDir
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL_STATES = ("succeeded", "failed", "cancelled")
@@ -61,11 +61,11 @@ class Job(Base):
 
     @property
     def run_dir(self) -> str:
-        return str(Path(self.job_dir) / "run")
+        return str(JobDir(Path(self.job_dir)).run)
 
     @property
     def log_path(self) -> str:
-        return str(Path(self.job_dir) / JOB_LOG)
+        return str(JobDir(Path(self.job_dir)).log)
 
 
 def make_engine(url: str) -> Engine:

@@ -38,7 +38,7 @@ from typing import Any, Mapping, Optional
 from trainforge.config import read_yaml
 from trainforge.errors import UserError
 from trainforge.metrics_file import metric_series, read_metrics
-from trainforge.layout import CHECKPOINTS, CONFIG, EVAL, FINAL, JOB_EXIT, JOB_RECIPE, LATEST, META, METRICS, TENSORBOARD
+from trainforge.layout import CHECKPOINTS, CONFIG, EVAL, FINAL, LATEST, META, METRICS, TENSORBOARD, JobDir
 
 FINAL_META = Path(FINAL) / META  # training.artifacts: the final model's facts, `ran` among them
 LATEST_FILE = Path(CHECKPOINTS) / LATEST  # engine.checkpoint: names the newest complete checkpoint, written last
@@ -223,10 +223,10 @@ def _stopped_early(final: Mapping[str, Any], train_cfg: Mapping[str, Any], val_s
 
 def _job_exit_code(run_dir: Path) -> Optional[int]:
     """The exit code the job server's wrapper recorded for a job's run/ directory; None for any other run."""
-    job_dir = run_dir.parent
-    if run_dir.name != "run" or _regular(job_dir / JOB_RECIPE) is None:
+    job = JobDir(run_dir.parent)
+    if run_dir != job.run or _regular(job.recipe) is None:
         return None
-    code = _mapping(_read_json(job_dir / JOB_EXIT)).get("returncode")
+    code = _mapping(_read_json(job.exit)).get("returncode")
     return code if _is_int(code) else None
 
 

@@ -42,7 +42,7 @@ from trainforge.errors import UserError, quote
 from trainforge.files import write_text_atomic
 from trainforge.metrics_file import read_metrics
 from trainforge.layout import (CHECKPOINTS, COMPRESS_RECORD, COMPRESSED, CONFIG, DATA_REPORT, EVAL, FINAL, LATEST, MANIFEST,
-                               META, METRICS, MLFLOW_STATE, REPORT)
+                               META, METRICS, MLFLOW_STATE, REPORT, step_of)
 
 STATE_FILE = MLFLOW_STATE
 ARTIFACTS = (CONFIG, DATA_REPORT, EVAL, REPORT)
@@ -161,7 +161,7 @@ def latest_checkpoint_step(run_dir: Path) -> int:
     """The step of checkpoints/latest (0 when there is none): rows up to it are never rewritten by a resume."""
     try:
         name = (run_dir / CHECKPOINTS / LATEST).read_text().strip()
-        return int(name.removeprefix("step-"))
+        return step_of(name)
     except (OSError, ValueError):
         return 0
 
@@ -355,7 +355,7 @@ class RunTracker:
             return
         with _tracking(self.uri), mlflow.start_run(run_id=self.state.run_id, log_system_metrics=False):
             info = mlflow.pyfunc.log_model(
-                name="model", python_model=str(PYFUNC_CODE), artifacts={"final": str(self.run_dir / "final")},
+                name="model", python_model=str(PYFUNC_CODE), artifacts={FINAL: str(self.run_dir / FINAL)},
                 signature=signature(meta["data_info"]), registered_model_name=self.settings.register_model,
                 pip_requirements=["trainforge", "torch", "numpy", "safetensors"], await_registration_for=60)
         self.state.model_step = meta.get("step")

@@ -23,7 +23,7 @@ from trainforge.data import SOURCES
 from trainforge.models import MODELS
 from trainforge.engine.optim import OPTIMIZERS
 from trainforge.engine.schedule import SCHEDULES
-from trainforge.layout import CHECKPOINTS, CONFIG, CONFIG_TEXT, EVAL, FINAL, METRICS, REPORT
+from trainforge.layout import CHECKPOINTS, CONFIG, CONFIG_TEXT, EVAL, FINAL, METRICS, REPORT, STEP_GLOB
 
 ConfigLike = Union[Config, str, Path, None]
 
@@ -139,7 +139,7 @@ def _start_over(run_dir: Path) -> None:
     <run>/unusable-<time>/ rather than overwritten. Torchrun workers leave this to their launcher."""
     if launched_worker():
         return
-    if not any((run_dir / CHECKPOINTS).glob("step-*")) and not (run_dir / FINAL).exists():
+    if not any((run_dir / CHECKPOINTS).glob(STEP_GLOB)) and not (run_dir / FINAL).exists():
         err.print(f"--resume auto: {run_dir} has no checkpoint yet; starting its recipe from step 0",
                   highlight=False, soft_wrap=True, markup=False)
         return

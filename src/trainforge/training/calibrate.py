@@ -24,7 +24,7 @@ from trainforge.planning.calibration_store import save_calibration
 from trainforge.planning.plan import plan_local_step
 from trainforge.training.run import run
 from trainforge.training.setup import RunSetup
-from trainforge.layout import METRICS
+from trainforge.layout import RunDir
 
 MEASURED_STEPS = 8
 WARMUP_STEPS = 3
@@ -58,9 +58,10 @@ def measure_steps(cfg, *, steps: int = MEASURED_STEPS, warmup: int = WARMUP_STEP
         torch.cuda.reset_peak_memory_stats(device)
     with tempfile.TemporaryDirectory(prefix="trainforge-measure-") as tmp:
         start = time.perf_counter()
-        result = run(short, Path(tmp) / "run")
+        measured = RunDir(Path(tmp) / "measured")
+        result = run(short, measured.path)
         wall_s = time.perf_counter() - start
-        rows = [r for r in read_metrics(Path(tmp) / "run" / METRICS) if r["split"] == "train"][warmup:]
+        rows = [r for r in read_metrics(measured.metrics) if r["split"] == "train"][warmup:]
     cuda = device.type == "cuda"
     return MeasuredRun(
         setup=result.setup,

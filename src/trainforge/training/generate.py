@@ -36,7 +36,7 @@ from trainforge.data.text import Codec, codec_for
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import Trained, load_trained
-from trainforge.layout import SAMPLES
+from trainforge.layout import META, SAMPLES
 from trainforge.training.sampling import MAX_NEW_TOKENS, SEED, TEMPERATURE, TOP_P, check_settings  # noqa: F401
 
 MODELS = ("hf", "gpt")  # model.name values generate supports
@@ -148,7 +148,7 @@ TOKENIZER_SUFFIXES = (".json", ".jinja", ".txt", ".model")  # what save_pretrain
 def is_transformers_folder(path: str | Path) -> bool:
     """A folder save_pretrained wrote (config.json, no trainforge model.json): a run's final/hf, say."""
     path = Path(path)
-    return (path / "config.json").is_file() and not (path / "model.json").is_file()
+    return (path / "config.json").is_file() and not (path / META).is_file()
 
 
 def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[str, Any], str, str]:

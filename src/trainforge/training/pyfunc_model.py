@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from mlflow.pyfunc import PythonModel
 
+from trainforge.layout import FINAL
 from trainforge.training.artifacts import load_trained
 
 
@@ -21,7 +22,7 @@ class TrainforgeModel(PythonModel):
     """final/ loaded as `trainforge eval` loads it (manifest verified); predict returns the model's float32 logits."""
 
     def load_context(self, context: Any) -> None:
-        self.model = load_trained(Path(context.artifacts["final"])).build_model().eval()
+        self.model = load_trained(Path(context.artifacts[FINAL])).build_model().eval()
 
     def predict(self, context, model_input, params=None):  # noqa: ANN001  MLflow reads type hints as a schema
         with torch.no_grad():
