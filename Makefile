@@ -1,11 +1,13 @@
 # make demo   - create .venv, install, train the default recipe (digits, a CNN) on this machine
-# make test   - install what the tests need, run the whole suite
+# make test   - install what the tests need (as root also the system packages: scripts/test-system-packages.sh), run
+#               the whole suite on every core (scripts/run-tests.sh); `make test WORKERS=1` runs it in one process
 # make gpu-check - on a CUDA GPU: the planner, throughput, LoRA and int8 measured in under 8 minutes
 #                  (runs/gpu-check.json; without a GPU it checks its own plumbing on the CPU and says so)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+WORKERS ?=
 
 .PHONY: install demo test test-fast bench gpu-check clean
 
@@ -23,7 +25,8 @@ demo: install
 	$(BIN)/trainforge train
 
 test: install
-	$(BIN)/python -m pytest
+	scripts/test-system-packages.sh
+	WORKERS=$(WORKERS) PYTHON=$(BIN)/python scripts/run-tests.sh
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not slow"

@@ -12,7 +12,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 CHROMIUM_MISSING = None if CHROMIUM.exists() and CHROMEDRIVER.exists() else (
     "needs Debian's chromium and chromium-driver (/usr/bin/chromium, /usr/bin/chromedriver); "
-    "apt-get install chromium chromium-driver (.ci/run does)")
+    "as root, `make test` installs them (scripts/test-system-packages.sh)")
 
 
 @contextmanager

@@ -14,7 +14,7 @@ import pytest
 import trainforge
 from data_helpers import write_png
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # several processes, or timing: the machine to itself
 SRC = str(Path(trainforge.__file__).resolve().parents[1])  # the ranks must import this tree, not an installed one
 
 

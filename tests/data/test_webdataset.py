@@ -265,6 +265,7 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "final" / "model.safetensors"))
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_two_ranks_read_disjoint_shards_in_the_contract_order_and_resume_exactly_after_a_kill(prepared, tmp_path,
                                                                                                 monkeypatch):

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 import trainforge
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # several processes, or timing: the machine to itself
 
 LOOP_MODELS = str(Path(__file__).resolve().parents[1] / "training")
 BASE = [

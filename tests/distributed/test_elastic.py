@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 from procs import children
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # several processes, or timing: the machine to itself
 
 HERE = str(Path(__file__).resolve().parent)
 STEPS = 300

@@ -74,6 +74,7 @@ def test_fsdp_shards_exactly_the_transformer_layers_and_tied_embeddings_stay_wit
         assert model.model.get_output_embeddings().weight is model.model.get_input_embeddings().weight
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_ddp_of_a_pretrained_bert_classifier_matches_one_process(files, tmp_path):
     """2 processes x micro-batch 4 x accumulation 2 against 1 x 16: the same global batches, the same losses."""
@@ -87,6 +88,7 @@ def test_ddp_of_a_pretrained_bert_classifier_matches_one_process(files, tmp_path
     assert (ran["strategy"], ran["world_size"], ran["accumulation"]) == ("ddp", 2, 2)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_fsdp_of_a_tied_llama_matches_one_process_and_resumes_on_one(files, tmp_path):
     """2 x 4 under FSDP (each LlamaDecoderLayer sharded, the tied embedding with the root) match 1 x 8; the sharded
@@ -116,6 +118,7 @@ def test_bf16_autocast_with_accumulation_trains_a_pretrained_bert(files, tmp_pat
     assert sum(losses[-3:]) / 3 < losses[0]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy, base", [("ddp", "none"), ("fsdp", "nf4")])
 def test_lora_on_two_processes_matches_one_and_keeps_only_adapters(files, tmp_path, strategy, base):

@@ -63,6 +63,7 @@ def test_a_custom_model_that_cannot_run_on_the_meta_device_is_built_for_real(tmp
     check_run(cfg, nproc_per_node=2, nnodes="1")
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_bad_input_found_by_a_worker_is_not_restarted(tmp_path):
     attempts = tmp_path / "attempts"

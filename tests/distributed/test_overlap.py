@@ -83,6 +83,7 @@ def test_a_parameter_without_gradient_does_not_stall_the_others(one_rank_group):
     assert model.unused.weight.grad is None and model.used.weight.grad is not None
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_the_overlap_benchmark_measures_two_processes(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH.parent))  # the spawned processes import the worker by module name

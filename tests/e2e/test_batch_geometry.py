@@ -19,6 +19,7 @@ QUICK = ["train.max_steps=2", "train.eval_every_steps=2", "train.log_every_steps
          "log.progress=false", "log.tensorboard=false", "log.report=false"]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["auto", "fsdp"])
 def test_default_recipe_runs_on_two_processes_and_says_the_micro_batch_once(tmp_path, strategy):

@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 import trainforge
 
+pytestmark = pytest.mark.serial  # several processes, or timing: the machine to itself
+
 OVERRIDES = [
     "train.epochs=8",
     "train.checkpoint_every_steps=4",

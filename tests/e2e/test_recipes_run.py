@@ -158,6 +158,7 @@ def test_every_shown_command_runs_from_another_directory(capsys, monkeypatch, tm
     assert all(row["command"] in table for row in rows) and "recipes/" not in table
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_default_recipe_reaches_97_percent_within_5_minutes(tmp_path):
     """Acceptance: `trainforge train` with no recipe, on CPU, >= 97% test accuracy in under 5 minutes."""

@@ -403,6 +403,7 @@ def closed(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_400_partial_connections_neither_stay_open_nor_keep_a_client_out(tmp_path):
     from trainforge.jobs.connections import MAX_PARTIAL_CONNECTIONS

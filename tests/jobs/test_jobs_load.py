@@ -18,6 +18,8 @@ import pytest
 from jobs_helpers import QUICK, free_port, kill_quietly, metrics_rows, quick_job_bytes, wait_for
 from trainforge.jobs import runner
 
+pytestmark = pytest.mark.serial  # several processes, or timing: the machine to itself
+
 NUM_JOBS = 20
 NUM_KILLS = NUM_JOBS // 4
 

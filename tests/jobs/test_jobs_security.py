@@ -356,10 +356,6 @@ setTimeout(() => {{ document.title = "done"; }}, 1500);
 
 @pytest.mark.slow
 def test_a_cross_site_page_cannot_cancel_or_submit(tmp_path, browser):
-    from jobs_helpers import CHROMIUM_MISSING
-
-    if CHROMIUM_MISSING:
-        pytest.skip(CHROMIUM_MISSING)
     service = make_service(tmp_path, "cpu:1")
     site = tmp_path / "site"
     site.mkdir()
@@ -383,10 +379,6 @@ def test_a_cross_site_page_cannot_cancel_or_submit(tmp_path, browser):
 def test_the_dashboard_token_never_reaches_another_port(tmp_path, browser):
     from selenium.webdriver.common.by import By
 
-    from jobs_helpers import CHROMIUM_MISSING
-
-    if CHROMIUM_MISSING:
-        pytest.skip(CHROMIUM_MISSING)
     token = "dashboard-token-0123456789"
     site = tmp_path / "site"
     site.mkdir()

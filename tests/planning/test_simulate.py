@@ -118,6 +118,7 @@ def test_the_fake_model_is_built_on_meta_and_keeps_tied_weights_tied():
     assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in real.parameters())
 
 
+@pytest.mark.serial
 def test_gpt2_small_simulates_without_allocating_its_memory():
     info = DataInfo("lm", "text", (1024,), "int64", 50257, vocab_size=50257, seq_len=1024)
     gpt2 = ModelConfig(name="gpt", args=dict(n_layer=12, n_head=12, n_embd=768))
@@ -142,6 +143,7 @@ def llama_7b_like():
     return full, sharded, time.perf_counter() - start_s
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_7b_model_simulates_in_reasonable_time(llama_7b_like):
     full, _, elapsed_s = llama_7b_like

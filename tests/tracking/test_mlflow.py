@@ -222,6 +222,7 @@ def test_compress_logs_the_recommended_onnx_variant_as_a_new_model_version(tmp_p
     np.testing.assert_allclose(onnx_model.predict(x), torch_model.predict(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_two_process_run_is_one_mlflow_run_logged_by_rank_0(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
