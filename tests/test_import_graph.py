@@ -1,12 +1,16 @@
-"""No import cycle between the modules of ``src/trainforge`` (issue 13, item 5), and each folder one layer whose
-imports point down only (issue 27): ``LAYERS`` below is the architecture of docs/architecture.md.
+"""No import cycle between the modules of ``src/trainforge`` (issue 13, item 5; type-only imports included since
+issue 39), and each folder one layer whose imports point down only (issue 27): ``LAYERS`` below is the architecture
+of docs/architecture.md.
 
 The graph is built statically with ``ast`` from every ``.py`` file under ``src/trainforge``:
 
 * every ``import trainforge.x``, ``from trainforge.x import y`` and relative import (any level) is an
   edge, wherever it is written: module level, inside a function or method, inside a lazy
   ``__getattr__`` re-export of a package ``__init__``. A function-level import still runs, so it counts;
-* imports under ``if TYPE_CHECKING:`` are skipped: they never run;
+* a module named by a string is an edge too: ``import_module("trainforge.x")``, and each ``"trainforge.x.y"`` value
+  of a dict literal (a lazy-export table, which a package's ``__getattr__`` imports on first use);
+* imports under ``if TYPE_CHECKING:`` count as well: they never run, but a type two modules share belongs below both,
+  so the modules form no cycle even on paper;
 * ``from trainforge.pkg import name`` points at ``trainforge.pkg.name`` when that is a module, else at
   ``trainforge.pkg`` (the package's ``__init__.py``);
 * no implicit edge is added from a module to its parent packages (importing ``trainforge.data.base``
@@ -42,17 +46,36 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.AST):
-    """Yield every Import/ImportFrom node, skipping ``if TYPE_CHECKING:`` bodies."""
+def _imports(tree: ast.AST, type_only: bool = True):
+    """Yield every Import/ImportFrom node; those under ``if TYPE_CHECKING:`` only with ``type_only``."""
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, ast.If) and _is_type_checking(node.test):
+        if not type_only and isinstance(node, ast.If) and _is_type_checking(node.test):
             stack.extend(node.orelse)
             continue
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         stack.extend(ast.iter_child_nodes(node))
+
+
+IMPORTING_CALLS = {"import_module", "__import__"}
+
+
+def _named_modules(tree: ast.AST):
+    """Module names an import runs by a string: ``import_module("trainforge.x")`` / ``__import__(...)``, and the values
+    of a lazy-export table (a dict literal mapping names to ``"trainforge.x.y"``, read by a package's ``__getattr__``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if name in IMPORTING_CALLS and node.args and isinstance(node.args[0], ast.Constant):
+                if isinstance(node.args[0].value, str):
+                    yield node.args[0].value
+        elif isinstance(node, ast.Dict):
+            for value in node.values:
+                if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value.startswith(PKG + "."):
+                    yield value.value
 
 
 def _resolve(name: str, mods: dict[str, Path]) -> str | None:
@@ -64,34 +87,41 @@ def _resolve(name: str, mods: dict[str, Path]) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
-def import_graph() -> dict[str, set[str]]:
-    mods = _modules()
-    graph: dict[str, set[str]] = {m: set() for m in mods}
-    for mod, path in mods.items():
-        is_pkg = path.name == "__init__.py"
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in _imports(tree):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+def module_edges(mod: str, tree: ast.AST, mods: dict[str, Path], is_pkg: bool, type_only: bool = True) -> set[str]:
+    """The modules of ours that module ``mod`` (parsed as ``tree``) imports: import statements anywhere, and the
+    names it imports by a string (see _named_modules)."""
+    targets: list[str] = []
+    for node in _imports(tree, type_only):
+        if isinstance(node, ast.Import):
+            targets += [a.name for a in node.names]
+        else:
+            if node.level:
+                base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
             else:
-                if node.level:
-                    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                    base = base[: len(base) - (node.level - 1)]
-                    prefix = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    prefix = node.module or ""
-                for alias in node.names:
-                    sub = f"{prefix}.{alias.name}"
-                    targets.append(sub if sub in mods else prefix)
-            for target in targets:
-                if target.split(".")[0] != PKG:
-                    continue
-                resolved = _resolve(target, mods)
-                if resolved and resolved != mod:
-                    graph[mod].add(resolved)
-    return graph
+                prefix = node.module or ""
+            for alias in node.names:
+                sub = f"{prefix}.{alias.name}"
+                targets.append(sub if sub in mods else prefix)
+    targets += list(_named_modules(tree))
+    edges = set()
+    for target in targets:
+        if target.split(".")[0] != PKG:
+            continue
+        resolved = _resolve(target, mods)
+        if resolved and resolved != mod:
+            edges.add(resolved)
+    return edges
+
+
+@functools.lru_cache(maxsize=None)
+def import_graph(type_only: bool = True) -> dict[str, set[str]]:
+    """Every module's edges; ``type_only=False`` leaves out the imports under ``if TYPE_CHECKING:`` (they never run)."""
+    mods = _modules()
+    return {mod: module_edges(mod, ast.parse(path.read_text(encoding="utf-8"), filename=str(path)), mods,
+                              path.name == "__init__.py", type_only)
+            for mod, path in mods.items()}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]:
@@ -248,3 +278,30 @@ def test_the_planner_does_not_reach_the_training_loop():
     loop = f"{PKG}.training.loop"
     reaching = sorted(m for m in graph if m.startswith(f"{PKG}.planning") and loop in _reachable(graph, m))
     assert not reaching, reaching
+
+
+def _edges_of(module: str, code: str) -> set[str]:
+    return module_edges(module, ast.parse(code), _modules(), is_pkg=module.count(".") == 1)
+
+
+def test_a_module_named_by_a_string_is_an_edge_and_one_pointing_up_fails_the_layer_check():
+    """The negative case of issue 39: a lazy-export table (as data/__init__.py keeps) and import_module strings."""
+    lazy = '_LAZY = {"build_data": "trainforge.data.pipeline", "fit": "trainforge.training.loop"}\n'
+    by_call = 'from importlib import import_module\nloop = import_module("trainforge.training.loop")\n'
+    dunder = 'loop = __import__("trainforge.training.loop")\n'
+    for code in (lazy, by_call, dunder):
+        edges = _edges_of("trainforge.data", code)
+        assert "trainforge.training.loop" in edges, code
+        graph = {**import_graph(), "trainforge.data": import_graph()["trainforge.data"] | edges}
+        upward = [t for t in graph["trainforge.data"] if LEVEL[folder_of(t)] > LEVEL["data"]]
+        assert upward == ["trainforge.training.loop"], code
+    argv = 'cmd = [sys.executable, "-m", "trainforge.jobs.wrapper"]\n'  # a process started, not an import
+    assert _edges_of("trainforge.data", argv) == set()
+
+
+def test_a_type_only_import_counts_for_cycles():
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from trainforge.data.stages.clean import x\n"
+    assert _edges_of("trainforge.data.samples", code) == {"trainforge.data.stages.clean"}
+    graph = {"trainforge.data.samples": _edges_of("trainforge.data.samples", code),
+             "trainforge.data.stages.clean": {"trainforge.data.samples"}}
+    assert find_cycles(graph)

@@ -45,6 +45,14 @@ def test_each_decision_has_one_implementation():
     assert definitions("available_cpus") == ["hardware/cpus.py"]  # how many worker processes the data stage starts
 
 
+def test_the_cpu_count_is_read_in_one_place():
+    """os.cpu_count() is the machine's, not what this process may use (taskset, a cpuset, Slurm): every pool and every
+    thread count asks available_cpus."""
+    readers = sorted(path for path, text in _texts().items()
+                     if re.search(r"\bcpu_count\(\)|sched_getaffinity\(", text))
+    assert readers == ["hardware/cpus.py"], readers
+
+
 def test_only_the_one_search_walks_the_candidate_micro_batches():
     assert callers("candidate_micro_batches") == {"planning/memory.py"}
     assert callers("largest_fitting") == {"planning/auto.py", "planning/plan.py"}  # auto (train, jobs) and plan

@@ -317,3 +317,21 @@ def test_docs_override_example_loads(tmp_path):
     pcie = cat.get("h100-pcie")
     assert (pcie.interconnect_kind, pcie.interconnect_bytes_per_s, pcie.pcie_gen) == ("pcie", 128e9, 5)
     assert pcie.memory_basis == "torch"
+
+
+def test_the_pages_that_code_and_docs_cite_are_in_the_repository():
+    """Every docs/NAME.md that the code, the catalog data, the docs or the README cite exists (issue 39: the GPU facts
+    were cited from a page outside the repository), and the catalog's own facts page backs its figures."""
+    root = Path(__file__).resolve().parents[2]
+    files = [*sorted((root / "src").rglob("*.py")), *sorted((root / "src").rglob("*.yaml")),
+             *sorted((root / "docs").glob("*.md")), root / "README.md"]
+    cited = {m for f in files for m in re.findall(r"docs/[\w.-]+\.md", f.read_text(encoding="utf-8"))}
+    assert "docs/gpu-facts.md" in cited
+    assert sorted(c for c in cited if not (root / c).is_file()) == []
+    outside = [str(f.relative_to(root)) for f in files if re.search(r"reference/gpu-facts|shared/reference",
+                                                                       f.read_text(encoding="utf-8"))]
+    assert outside == []
+    facts = (root / "docs" / "gpu-facts.md").read_text(encoding="utf-8")
+    catalog = load_catalog()
+    cores = {name: catalog.get(name).cuda_cores for name in catalog.names()}
+    assert {n: c for n, c in cores.items() if c and str(c) not in facts} == {}  # each catalog figure has its row

@@ -19,6 +19,7 @@ from optuna.trial import TrialState
 
 import trainforge
 from trainforge.cli import main
+from trainforge.hardware.cpus import available_cpus
 
 SHORT = [
     "train.max_steps=40", "train.eval_every_steps=10", "train.num_threads=1", "log.progress=false",
@@ -137,4 +138,4 @@ def test_parallel_workers_survive_a_crashing_trial_and_a_dying_worker(tmp_path, 
     # on a CPU-only machine the two workers split the cores (with GPUs each would get its own instead)
     threads = {trainforge.load_config(str(Path(t.user_attrs["run_dir"]) / "config.yaml")).train.num_threads
                for t in trials if t.state == TrialState.COMPLETE}
-    assert threads == ({None} if torch.cuda.device_count() else {max(1, (os.cpu_count() or 1) // 2)})
+    assert threads == ({None} if torch.cuda.device_count() else {max(1, available_cpus() // 2)})

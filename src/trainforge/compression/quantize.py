@@ -5,7 +5,7 @@
 
 Dynamic quantization stores MatMul/Gemm/Gather weights as int8 and quantizes activations on the fly: no
 calibration, fast on Linear-heavy models; on a CNN it turns Conv into ConvInteger, which is slower than
-float (gpu-facts.md). Static QDQ quantizes weights per output channel and activations with ranges measured
+float (docs/gpu-facts.md). Static QDQ quantizes weights per output channel and activations with ranges measured
 on calibration batches, so ORT fuses them into int8 convolutions. Large float initializers that neither
 method touches (a Transformer's position table, say) are stored as int8 with a DequantizeLinear in front:
 the file shrinks and the arithmetic stays float.

@@ -24,7 +24,7 @@ class Term:
 
 TERMS: tuple[Term, ...] = (
     Term("cuda_context", 512 * MiB, 1.0, "gpu",
-         "CUDA context + kernel images, 0.3-2 GiB depending on GPU and libraries (reference/gpu-facts.md); "
+         "CUDA context + kernel images, 0.3-2 GiB depending on GPU and libraries (docs/gpu-facts.md); "
          "512 MiB for a PyTorch process with cuBLAS loaded"),
     Term("cublas_workspace", 32 * MiB, 1.0, "gpu",
          "cuBLAS workspace, CUBLAS_WORKSPACE_CONFIG=:4096:8 = 8 x 4 MiB per stream (PyTorch's default on Hopper)"),

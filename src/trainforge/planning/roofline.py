@@ -6,7 +6,7 @@ compute = hardware FLOPs / (dense peak for the precision x efficiency)   efficie
 memory  = bytes moved / memory bandwidth                                 (a floor for small, memory-bound models)
 launch  = kernels per step x launch overhead                             (a floor for tiny models)
 DDP:  ring all-reduce of the gradients once per optimizer step, 2 (n-1)/n x grad bytes / bus bandwidth
-      (reference/gpu-facts.md), overlapped with the backward pass of the last micro-batch.
+      (docs/gpu-facts.md), overlapped with the backward pass of the last micro-batch.
 FSDP: per micro-batch an all-gather of the parameters for forward and again for backward, and once per
       step a reduce-scatter of the gradients: (n-1)/n x bytes / bus bandwidth each; overlapped with compute.
 """
@@ -31,7 +31,7 @@ class Efficiency:
 
 
 def default_efficiency(param_count: int, family: str, hopper_or_newer: bool, compiled: bool) -> Efficiency:
-    """MFU defaults from reference/gpu-facts.md ("Sensible planner defaults"), as a range."""
+    """MFU defaults from docs/gpu-facts.md ("Sensible planner defaults"), as a range."""
     if family == "conv":
         low, high = 0.18, 0.28
         source = "ResNet-50 mixed-precision training reaches ~2,700 img/s on an A100 (~22% MFU) [verify]"

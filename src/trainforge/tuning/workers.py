@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from trainforge.errors import JobFailed
+from trainforge.hardware.cpus import available_cpus
 from trainforge.tuning.study import count_finished, fail_dead_trials, sampler_seed
 
 STOP_TIMEOUT_S = 60  # how long a stopping worker may take to checkpoint and exit before it is killed
@@ -56,7 +57,7 @@ def placement(parallel: int, user_keys: set[str], gpu_count: Optional[int] = Non
         visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
         gpus = visible[:gpu_count] if len(visible) >= gpu_count else [str(i) for i in range(gpu_count)]
     elif "train.num_threads" not in user_keys:
-        overrides.append(f"train.num_threads={max(1, (cpu_count or os.cpu_count() or 1) // parallel)}")
+        overrides.append(f"train.num_threads={max(1, (cpu_count or available_cpus()) // parallel)}")
     if parallel > 1:
         overrides.append("log.progress=false")
     return Placement(gpus, overrides)

@@ -6,15 +6,14 @@ themselves, into the same `DropLog`.
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 import torch
 
 from trainforge.config import CleanConfig
 
-if TYPE_CHECKING:  # the pool's samples call these: its module imports this one
-    from trainforge.data.pool import DropLog, Pool
+from trainforge.data.samples import DropLog, Pool
 
 
 def first_occurrences(hashes: Iterable[bytes]) -> np.ndarray:

@@ -27,7 +27,7 @@ import tempfile
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -39,13 +39,20 @@ from trainforge.data.text.chat_templates import DEFAULT_TEMPLATE, TEMPLATES
 from trainforge.data.text.tokenizer import ENCODE_CHUNK, TextTokenizer, tokenizer_note
 from trainforge.errors import quote
 
-if TYPE_CHECKING:
-    from trainforge.data.sources.chat import ChatArgs
-
 IGNORE = -100  # the label of a position without loss (cross-entropy's ignore_index)
 
 Message = dict[str, str]
 Render = Callable[[list[Message], bool], str]
+
+
+class ChatOptions(Protocol):
+    """What tokenizing reads of a chat source's arguments (data.args; the source's ChatArgs has them): said here, so
+    that this module, which the source imports, needs nothing of the source's."""
+
+    seq_len: int
+    template: str
+    train_on: str
+    pack: bool
 
 
 class ChatTokens(Samples):
@@ -54,7 +61,7 @@ class ChatTokens(Samples):
 
     contiguous = False  # independent conversations, not windows of one text: split at random
 
-    def __init__(self, tokens: np.ndarray, loss: np.ndarray, starts: np.ndarray, ids: list[str], args: ChatArgs,
+    def __init__(self, tokens: np.ndarray, loss: np.ndarray, starts: np.ndarray, ids: list[str], args: ChatOptions,
                  pad_id: int) -> None:
         self.tokens, self.loss, self.starts, self.ids, self.args, self.pad_id = tokens, loss, starts, ids, args, pad_id
 
@@ -112,7 +119,7 @@ def tokenize_chat(pool: Pool, tok: TextTokenizer, stored: Optional[dict[str, Any
     """ChatExamples -> ChatTokens: rendered, tokenized, loss marked; too-long, refused and lossless conversations
     dropped (counted in pool.drops). Info gets the tokenizer's vocabulary and padding; the report the token facts."""
     examples = pool.samples
-    a: ChatArgs = examples.args
+    a: ChatOptions = examples.args
     hf = transformers_tokenizer(tok)
     name, template = choose_template(a.template, hf, stored)
 
