@@ -305,3 +305,19 @@ def test_a_type_only_import_counts_for_cycles():
     graph = {"trainforge.data.samples": _edges_of("trainforge.data.samples", code),
              "trainforge.data.stages.clean": {"trainforge.data.samples"}}
     assert find_cycles(graph)
+
+
+def test_mlflow_is_one_side_of_the_tracking_line():
+    """Issue 39: the MLflow model files live in tracking/; training and compression import no tracking (the observer
+    is composed by the caller through engine/hooks.RunObserver), and tracking needs nothing of the training loop."""
+    graph = import_graph()
+    tracking = {m for m in graph if folder_of(m) == "tracking"}
+    for folder in ("training", "compression", "engine"):
+        reaching = sorted(m for m, targets in graph.items() if folder_of(m) == folder and targets & tracking)
+        assert reaching == [], f"{folder} imports tracking: {reaching}"
+    assert not any(t.startswith("trainforge.training.loop") for m in tracking for t in _reachable(graph, m))
+    mlflow_users = sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+                          if any(isinstance(n, (ast.Import, ast.ImportFrom)) and
+                                 any((getattr(n, "module", None) or a.name).split(".")[0] == "mlflow" for a in n.names)
+                                 for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))))
+    assert mlflow_users and all(u.startswith("tracking/") for u in mlflow_users), mlflow_users

@@ -72,5 +72,6 @@ def compress(checkpoint: Any, out: Any = None, **options: Any) -> dict:
     """Prune, fine-tune, quantize and export a checkpoint; options are `CompressOptions` fields
     (prune, finetune_epochs, distill, quantize, int8_method, threads, ...). See `trainforge.compression`."""
     from trainforge.compression.pipeline import CompressOptions, compress as _compress  # heavy (torch, onnx): `import trainforge` stays light
+    from trainforge.tracking import MlflowObserver  # light until used, as in train
 
-    return _compress(checkpoint, out, CompressOptions(**options))
+    return _compress(checkpoint, out, CompressOptions(**options), observer=MlflowObserver())

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from trainforge.compression.commands import register as register_compress
+from trainforge.compression.compress_cmd import OBSERVER
 from trainforge.config import builtin_recipes, load_config
 from trainforge.console import err, out, print_json
 from trainforge.launch.torchrun import launch as launch_run, report_user_error
@@ -36,6 +37,7 @@ from trainforge.hardware.catalog import catalog_rows, load_catalog
 from trainforge.jobs.commands import register as register_jobs
 from trainforge.planning.render import render_calibration, render_plan
 from trainforge.report.commands import register as register_report
+from trainforge.tracking import MlflowObserver
 from trainforge.tracking.commands import register as register_runs
 from trainforge.tuning.commands import register as register_tune
 from trainforge.layout import DATA_REPORT, EVAL
@@ -449,7 +451,9 @@ _register_stage_commands()
 def main(argv: Optional[list[str]] = None) -> None:
     """Console-script entry point: user errors exit 2 with one line, job failures exit 1."""
     try:
-        app(args=argv)  # standalone: typer/click handle usage errors (exit 2) and call sys.exit
+        # standalone: typer/click handle usage errors (exit 2) and call sys.exit. The context object carries what this
+        # entry point composes for the stages' commands: log.mlflow's observer for compress (as trainforge.compress)
+        app(args=argv, obj={OBSERVER: MlflowObserver()})
     except UserError as e:  # printable: a path or a server's answer may hold an ESC; the terminal shows it as \x1b
         err.print(f"[red]error:[/red] {escape(printable(str(e)))}", highlight=False, soft_wrap=True)
         sys.exit(2)

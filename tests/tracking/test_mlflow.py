@@ -202,17 +202,26 @@ def test_a_tuning_study_logs_each_trial_as_a_child_of_one_parent(tmp_path, capsy
 
 
 @pytest.mark.slow
-def test_compress_logs_the_recommended_onnx_variant_as_a_new_model_version(tmp_path):
-    from trainforge.compression.pipeline import CompressOptions, compress
+def test_compress_logs_the_recommended_onnx_variant_as_a_new_model_version(tmp_path, capsys):
+    """Through the command line and the Python API alike: each composes the MLflow observer with compress (which
+    imports no tracking) and each compression of the run is a new version of its registered model."""
+    import shutil
 
     root = tmp_path / "runs"
     trainforge.train(None, overrides=[*TINY, "train.max_steps=3", f"log.runs_root={root}",
                                       "log.mlflow={register_model: digits-onnx}"], run_dir=tmp_path / "run")
-    doc = compress(tmp_path / "run", options=CompressOptions(quantize="none", bench_s=0.05, progress=False))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:  # the CLI exits 0 on its own
+        main(["compress", str(tmp_path / "run"), "--quantize", "none", "--bench-seconds", "0.05", "--json"])
+    assert exit_.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
     uri = f"sqlite:///{root / 'mlflow.db'}"
     assert doc["mlflow"]["run_id"] == run_id_of(tmp_path / "run") and doc["mlflow"]["onnx_version"] == "2"
+    shutil.rmtree(tmp_path / "run" / "compressed")
+    again = trainforge.compress(tmp_path / "run", quantize="none", bench_s=0.05, progress=False)
+    assert again["mlflow"]["run_id"] == run_id_of(tmp_path / "run") and again["mlflow"]["onnx_version"] == "3"
     client = MlflowClient(uri)
-    assert sorted(str(v.version) for v in client.search_model_versions("name='digits-onnx'")) == ["1", "2"]
+    assert sorted(str(v.version) for v in client.search_model_versions("name='digits-onnx'")) == ["1", "2", "3"]
     mlflow.set_tracking_uri(uri)
     try:
         torch_model, onnx_model = (mlflow.pyfunc.load_model(f"models:/digits-onnx/{v}") for v in (1, 2))

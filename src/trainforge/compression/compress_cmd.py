@@ -13,8 +13,11 @@ from trainforge.compression.render import recommendation_line, rich_table
 from trainforge.console import err, out, print_json
 from trainforge.errors import UserError
 
+OBSERVER = "observer"  # the key of the command line's context object (cli.main) that holds a run observer
+
 
 def compress_command(
+    ctx: typer.Context,
     checkpoint: Path = typer.Argument(..., help="A run directory, its final/, or a checkpoints/step-* directory."),
     prune: float = typer.Option(0.0, "--prune", help="Fraction of channels to remove (structured), e.g. 0.5; 0: no pruning."),
     finetune_epochs: int = typer.Option(3, "--finetune-epochs", help="Epochs of fine-tuning after pruning (0: none)."),
@@ -48,8 +51,11 @@ def compress_command(
     from trainforge.compression.pipeline import compress  # heavy (torch): the CLI starts fast without it
 
     # each message one line (soft_wrap: never broken at the terminal's width), shown as written (no markup)
+    # the run's observer (log.mlflow's tracking), composed by the entry point that started the command (cli.main)
+    observer = (ctx.obj or {}).get(OBSERVER) if isinstance(ctx.obj, dict) else None
     doc = compress(checkpoint, out_dir, options,
-                   log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False, soft_wrap=True))
+                   log=lambda msg: err.print(f"[dim]{escape(msg)}[/dim]", highlight=False, soft_wrap=True),
+                   observer=observer)
     if as_json:
         print_json(doc)
         return

@@ -42,10 +42,9 @@ from trainforge.data import build_data
 from trainforge.errors import UserError
 from trainforge.integrity import write_manifest
 from trainforge.report import write_report
-from trainforge.tracking import sync_run_dir, tracked
 from trainforge.training.api import train
 from trainforge.training.artifacts import load_trained
-from trainforge.training.loop import FitHooks
+from trainforge.engine.hooks import FitHooks, RunObserver
 from trainforge.layout import COMPRESSED, COMPRESS_RECORD, CONFIG, METRICS
 
 TEMP_SUFFIXES = (".export.onnx", ".prep.onnx", ".q.onnx")  # left by a crash mid-export or mid-quantization
@@ -60,8 +59,10 @@ class Split:
 
 
 def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: Optional[CompressOptions] = None,
-             log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
-    """Run the stages `options` asks for on CHECKPOINT (run dir, final/ or checkpoints/step-*); see module doc."""
+             log: Callable[[str], None] = lambda msg: None, observer: Optional[RunObserver] = None) -> dict[str, Any]:
+    """Run the stages `options` asks for on CHECKPOINT (run dir, final/ or checkpoints/step-*); see module doc.
+    `observer`: watches the pruned model's fine-tuning run and gets the variants when they are written (the caller
+    composes it: `trainforge.compress` and the command line pass the MLflow observer of log.mlflow)."""
     options = options or CompressOptions()
     options.check()
     trained = load_trained(Path(checkpoint), verify=options.verify)
@@ -100,7 +101,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         pruning = {k: v for k, v in dataclasses.asdict(result).items() if k != "model"}
         pruned_model = result.model
         if options.finetune_epochs > 0:
-            pruned_model, finetune = fine_tune(result, model, cfg, info.task, out_dir / "finetune", options, log)
+            pruned_model, finetune = fine_tune(result, model, cfg, info.task, out_dir / "finetune", options, log,
+                                               observer)
         pruned_model.eval()
         pruned_path = export_onnx(pruned_model, example, out_dir / FILE_NAMES["pruned"],
                                   artifact_meta("pruned", info, trained.preprocess))
@@ -144,18 +146,20 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included
     if run_dir is not None:
         doc["report"] = str(write_report(run_dir, extra_sections=[("Compression", report_section(doc))]))
-        if cfg.log.mlflow is not None and out_dir.resolve() == (run_dir / COMPRESSED).resolve():
-            doc["mlflow"] = upload_to_tracker(run_dir, cfg, log)
+        if observer is not None and cfg.log.mlflow is not None and out_dir.resolve() == (run_dir / COMPRESSED).resolve():
+            doc["mlflow"] = publish(observer, run_dir, cfg, log)
     return doc
 
 
-def upload_to_tracker(run_dir: Path, cfg: Any, log: Callable[[str], None]) -> Optional[dict[str, Any]]:
+def publish(observer: RunObserver, run_dir: Path, cfg: Any, log: Callable[[str], None]) -> Optional[dict[str, Any]]:
     """A run that logs to MLflow (log.mlflow) gets its recommended ONNX variant there too, as a new version of its
     registered model; a tracker that fails is one line (the files are complete: `trainforge runs sync` later)."""
     try:
-        result = sync_run_dir(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))
+        result = observer.publish(run_dir, cfg)
     except UserError as e:
         log(f"warning: {e}")
+        return None
+    if result is None:
         return None
     version = f", registered as version {result['onnx_version']}" if result.get("onnx_version") else ""
     log(f"MLflow: the ONNX variant is logged to run {result['run_id']} at {result['tracking_uri']}{version}")
@@ -214,7 +218,7 @@ def torch_logits(model: nn.Module, inputs: np.ndarray, batch_size: int = 256) ->
 
 
 def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_dir: Path, options: CompressOptions,
-              log: Callable[[str], None]) -> tuple[nn.Module, dict[str, Any]]:
+              log: Callable[[str], None], observer: Optional[RunObserver] = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train the pruned model through the normal loop (resumable, checkpointed, reported) in `run_dir`."""
     d = cfg.model_dump(mode="json")
     d["name"] = f"{cfg.name}-pruned"
@@ -229,7 +233,7 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
                                  temperature=options.temperature, alpha=options.alpha)
     log(f"fine-tuning the pruned model for {options.finetune_epochs} epoch(s){' with distillation' if loss else ''} in {run_dir}")
     skeleton = result.model
-    hooks = tracked(FitHooks(build_model=lambda info: copy.deepcopy(skeleton), loss=loss))  # log.mlflow as any run
+    hooks = FitHooks(build_model=lambda info: copy.deepcopy(skeleton), loss=loss, observer=observer)  # as any run
     # pruning is deterministic, so a rerun rebuilds the same skeleton and continues from the last checkpoint
     trained = train(ft_cfg, run_dir=run_dir, hooks=hooks, resume="auto" if run_dir.exists() else None)
     model = load_trained(run_dir).build_model()  # the pruned architecture, resized to its weights

@@ -38,6 +38,7 @@ import yaml
 
 from trainforge.config import MlflowConfig
 from trainforge.confine import confined_roots
+from trainforge.engine.hooks import FitHooks
 from trainforge.errors import UserError, quote
 from trainforge.files import write_text_atomic
 from trainforge.metrics_file import read_metrics
@@ -46,9 +47,10 @@ from trainforge.layout import (CHECKPOINTS, COMPRESS_RECORD, COMPRESSED, CONFIG,
 
 STATE_FILE = MLFLOW_STATE
 ARTIFACTS = (CONFIG, DATA_REPORT, EVAL, REPORT)
-# the MLflow models' code (MLflow's "models from code"), each beside what it wraps; named by path, not imported
-PYFUNC_CODE = Path(__file__).parents[1] / "training" / "pyfunc_model.py"  # a run's final model
-PYFUNC_ONNX_CODE = Path(__file__).parents[1] / "compression" / "pyfunc_onnx.py"  # its compressed ONNX variant
+# the MLflow models' code (MLflow's "models from code"), beside this file; named by path: MLflow runs them, trainforge
+# never imports them
+PYFUNC_CODE = Path(__file__).parent / "pyfunc_model.py"  # a run's final model
+PYFUNC_ONNX_CODE = Path(__file__).parent / "pyfunc_onnx.py"  # its compressed ONNX variant
 METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
 PARAMS_PER_BATCH = 100
 PARAM_VALUE_CHARS = 6000
@@ -497,8 +499,8 @@ def follow(run_dir: Path, settings: Optional[MlflowConfig], runs_root: Path,
 
 
 class MlflowObserver:
-    """log.mlflow as a run's observer (training.loop.RunObserver): MLflow must be installed when the config asks
-    for it, and rank 0 follows the run directory while it trains."""
+    """log.mlflow as a run's observer (engine.hooks.RunObserver): MLflow must be installed when the config asks
+    for it, rank 0 follows the run directory while it trains, and what compress adds to it afterwards is uploaded."""
 
     def check(self, cfg: Any) -> None:
         if cfg.log.mlflow is not None:
@@ -507,12 +509,15 @@ class MlflowObserver:
     def follow(self, run_dir: Path, cfg: Any) -> contextlib.AbstractContextManager[Optional[Following]]:
         return follow(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root), cfg.stage.mlflow_parent_run_id)
 
+    def publish(self, run_dir: Path, cfg: Any) -> Optional[dict[str, Any]]:
+        if cfg.log.mlflow is None:
+            return None
+        return sync_run_dir(run_dir, cfg.log.mlflow, Path(cfg.log.runs_root))
 
-def tracked(hooks: Any = None) -> Any:
-    """`hooks` (a training.loop.FitHooks, or None) with the MLflow observer added: how the training API, the
-    command line and tune compose tracking with a run (training itself imports no tracking)."""
-    from trainforge.training.loop import FitHooks  # heavy (torch): the tracking commands start without it
 
+def tracked(hooks: Optional[FitHooks] = None) -> FitHooks:
+    """`hooks` (or none) with the MLflow observer added: how the training API, the command line, tune and compress
+    compose tracking with a run (training and compression import no tracking)."""
     hooks = hooks if hooks is not None else FitHooks()
     return hooks if hooks.observer is not None else replace(hooks, observer=MlflowObserver())
 

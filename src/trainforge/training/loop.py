@@ -25,7 +25,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ from trainforge.data.text import save_tokenizer
 from trainforge.engine.checkpoint import kept_weights, load_model_weights
 from trainforge.engine.data_parallel import agree, barrier, broadcast_object, gather_objects, max_over_ranks
 from trainforge.engine.early_stop import EarlyStopper
+from trainforge.engine.hooks import FitHooks, LossFn  # noqa: F401  (FitHooks: importable from here too)
 from trainforge.engine.ema import EMA
 from trainforge.engine.losses import task_loss
 from trainforge.engine.metrics import MetricsLog, NullLog, Window, truncate_metrics
@@ -58,37 +59,6 @@ from trainforge.training.evaluate import evaluate_model
 from trainforge.training.setup import OOMNote, RunSetup
 from trainforge.training.state import RunFacts, TrainState
 from trainforge.training.strategy import STRATEGIES, Strategy
-
-LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class RunObserver(Protocol):
-    """Something outside training that watches a run from its directory (tracking's MLflow mirror): composed by
-    the caller at the edge, so training imports none of it."""
-
-    def check(self, cfg: Config) -> None:
-        """Before any work: UserError if this run cannot be observed as its config asks (a missing extra)."""
-
-    def follow(self, run_dir: Path, cfg: Config) -> ContextManager[Any]:
-        """Around the fit, on rank 0: yields None, or an object whose finish(status) ends the observation."""
-
-
-@dataclass
-class FitHooks:
-    """How another stage (tune, compress, tracking) steers or watches one run without a second loop.
-
-    build_model(info) -> nn.Module replaces the registry model (e.g. a pruned network; it must build the
-        same architecture on resume). loss(logits, x, y) -> scalar replaces the task loss (e.g. distillation).
-    on_eval(step, val_metrics) -> True ends the run after that evaluation with status "pruned" (a tuner's
-        pruner); no final model is written then.
-    observer: watches the run from rank 0 (`tracking.tracked(hooks)` adds the MLflow mirror of log.mlflow).
-    """
-
-    build_model: Optional[Callable[[DataInfo], nn.Module]] = None
-    loss: Optional[LossFn] = None
-    on_eval: Optional[Callable[[int, dict[str, Any]], bool]] = None
-    observer: Optional[RunObserver] = None
-
 
 @dataclass
 class TrainResult:

@@ -19,7 +19,7 @@ import optuna
 from trainforge.config import apply_overrides, config_from_dict
 from trainforge.tracking import tracked
 from trainforge.training.api import train
-from trainforge.training.loop import FitHooks
+from trainforge.engine.hooks import FitHooks
 from trainforge.tuning.space import Param, apply_params, suggest
 from trainforge.tuning.study import CRASHED, HOST, INTERRUPTED
 
