@@ -39,6 +39,7 @@ RECIPES = {  # file content -> what the one line says
 }
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_hostile_recipe_files_are_one_short_line(name, tmp_path, capsys):
     content, expected = RECIPES[name]
@@ -83,6 +84,7 @@ def test_absurd_values_are_one_short_line(name, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 def test_a_recipe_given_as_a_device_is_not_read_forever(tmp_path, capsys):
     code, err, seconds = run_cli(["train", "/dev/zero", *QUICK, "--run-dir", str(tmp_path / "run")], capsys)
     assert code == 2 and seconds < 5 and len(err.strip().splitlines()) == 1

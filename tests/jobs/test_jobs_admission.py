@@ -124,6 +124,7 @@ def test_the_weights_floor_never_exceeds_the_simulated_peak(recipe, overrides, n
     assert 0 < floor <= sim.peak_bytes, (floor, sim.peak_bytes, sim.breakdown)
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 def test_a_model_too_big_for_its_weights_is_refused_without_simulating(monkeypatch):
     from trainforge.planning import plan as plan_module
 

@@ -244,6 +244,7 @@ def test_four_oversized_submissions_of_one_user_leave_a_check_slot_for_another(t
 # ---------------------------------------------------------------- refusals are remembered
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 @pytest.mark.slow
 def test_a_resubmitted_refusal_is_answered_from_the_cache(tmp_path, monkeypatch):
     service = make_service(tmp_path)
@@ -340,6 +341,7 @@ def slow_connections(port: int, limit_s: float, every_s: float) -> dict:
     return found
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 @pytest.mark.slow
 def test_idle_and_slow_connections_are_closed_within_15_s(tmp_path):
     with LiveServer(make_service(tmp_path), manage_service=False) as server:  # the server's own settings
@@ -351,6 +353,7 @@ def test_idle_and_slow_connections_are_closed_within_15_s(tmp_path):
         assert received.startswith(b"HTTP/1.1 408 "), (kind, received[:100])
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 def test_the_request_deadline_covers_receiving_only(tmp_path, monkeypatch):
     """The same attacks against a 1 s deadline (quick); a kept-alive connection's deadline runs from its next
     request's first byte; a request taking longer than the deadline to handle, and a 2 MiB body, are never cut."""

@@ -130,6 +130,7 @@ def test_a_job_process_is_held_to_the_same_roots(tmp_path, monkeypatch):
     assert len(build(f"data.path={PASSWD}").train) >= 0  # the command line is not confined
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 @pytest.mark.slow
 def test_a_slow_check_delays_no_other_answer(tmp_path, data_root):
     big = data_root / "big.csv"
@@ -160,6 +161,7 @@ def test_a_slow_check_delays_no_other_answer(tmp_path, data_root):
     assert max(during) - alone < 1.0, (alone, during)
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 def test_checks_are_capped_in_time_and_memory(tmp_path, data_root):
     big = data_root / "big.csv"
     with open(big, "w") as f:
@@ -179,6 +181,7 @@ def test_checks_are_capped_in_time_and_memory(tmp_path, data_root):
 # ---------------------------------------------------------------- 2, 5, 7, 8: size, recursion, values
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 def test_an_alias_bomb_is_refused_fast_and_small(api):
     assert len(BOMB) < 600
     t0 = time.monotonic()

@@ -101,6 +101,7 @@ def test_7b_gpt_fits_no_24gb_gpu_and_fits_8_h100_with_fsdp():
     assert result["simulation"]["param_count"] > 6.5e9
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 @pytest.mark.slow
 def test_resnet50_over_10_gpus_and_4_counts_in_under_60_s():
     cfg = trainforge.load_config("resnet50_synthetic")

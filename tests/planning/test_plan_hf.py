@@ -70,6 +70,7 @@ def llama_8b_plan():
     return result, time.monotonic() - start_s
 
 
+@pytest.mark.serial  # a timing bar: measured with the machine to itself
 @pytest.mark.slow
 def test_an_8b_llama_is_planned_over_the_whole_catalog_in_under_2_minutes(llama_8b_plan):
     result, elapsed_s = llama_8b_plan

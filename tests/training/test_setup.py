@@ -147,3 +147,23 @@ def test_train_state_goes_into_a_checkpoint_and_comes_back(facts):
     assert all(torch.equal(back.best[k], state.best[k]) for k in state.best)
     assert torch.equal(torch.get_rng_state(), rng["torch"])
     assert back.chosen_weights() is back.best  # best > EMA > last
+
+
+def test_auto_plans_with_the_pre_flights_model_and_builds_none_of_its_own(tmp_path, monkeypatch):
+    """Issue 39: a run's `micro_batch_size: auto` reads the model facts of the one pre-flight (train.freeze applied
+    there), and the planner builds no second model for them. Any build by the planner's own path fails this test."""
+    from trainforge.engine.preflight import preflight
+    from trainforge.planning import plan as plan_module
+
+    def no_second_build(*args, **kwargs):
+        raise AssertionError("the planner built the run's model a second time")
+
+    monkeypatch.setattr(plan_module, "build_model", no_second_build)
+    cfg = tiny("train.micro_batch_size=auto", "train.global_batch_size=64", "train.freeze=['1.*']")
+    pre = preflight(cfg, fit_stats=False, on_meta=True)
+    assert pre.facts.model is not None and pre.facts.model.frozen_bytes > 0  # described after train.freeze
+    setup = resolve(cfg, DistEnv(), CPU, pre.facts, budget=MemoryBudget(2**30, "a test's budget"))
+    assert setup.micro_batch_size >= 1 and "auto" in setup.reasons["micro_batch_size"]
+    result = trainforge.train(tiny("train.micro_batch_size=auto", "train.max_steps=2"),
+                              run_dir=tmp_path / "run")
+    assert result.steps == 2

@@ -17,14 +17,74 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 from torch import nn
 
-from trainforge.config import Config
+from trainforge.config import Config, OptimConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.stages.loader import epoch_samples
 from trainforge.engine.metrics import check_metric
 from trainforge.engine.optim import freeze
+from trainforge.engine.parallelize import find_blocks
 from trainforge.errors import UserError
 from trainforge.models import build_model, is_convolutional
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planner needs to know about the architecture, read once by the pre-flight from the model it built."""
+
+    family: str  # transformer | conv | other
+    convolutional: bool
+    param_count: int
+    state_bytes_per_param: int  # fp32 weights + fp32 gradients + optimizer state of a trained parameter
+    trainable_count: Optional[int] = None  # parameters that train (None: all of them)
+    frozen_bytes: int = 0  # the frozen weights (`train.freeze`, a LoRA base), in their dtype: no gradient, no state
+    adapters: bool = False  # LoRA: adapters train on a base the model itself freezes
+    # frozen Linear weights of the repeated blocks: what QLoRA quantizes (elements, bytes, largest one's elements)
+    block_linear: tuple[int, int, int] = (0, 0, 0)
+
+    def floor_bytes(self, shards: int) -> float:
+        """Weights, gradients and optimizer state before any activation: the floor of a step. The trained state
+        is sharded over `shards` (FSDP); frozen weights are not: the simulation holds them as buffers, which
+        FSDP2 leaves whole."""
+        trainable = self.param_count if self.trainable_count is None else self.trainable_count
+        return trainable * self.state_bytes_per_param / shards + self.frozen_bytes
+
+
+OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # two fp32 moments; one fp32 momentum buffer (0 without momentum)
+
+
+def describe_model(model: nn.Module, optim: OptimConfig, adapters: bool) -> ModelFacts:
+    """What the planner's simulation and corrections need of `model`, as the pre-flight built it (train.freeze
+    applied, before any wrapping); `optim` sizes the state of each trained parameter."""
+    attention = any("attention" in type(m).__name__.lower() for m in model.modules())
+    conv = is_convolutional(model)
+    family = "transformer" if attention else ("conv" if conv else "other")
+    params = list(model.parameters())  # a tied tensor once
+    frozen = [p for p in params if not p.requires_grad]
+    linear = frozen_block_linear_weights(model)
+    optim_state = OPTIMIZER_STATE_BYTES.get(optim.name, 8)
+    if optim.name == "sgd" and optim.momentum == 0:
+        optim_state = 0
+    return ModelFacts(
+        family, conv, sum(p.numel() for p in params), 4 + 4 + optim_state,
+        trainable_count=sum(p.numel() for p in params if p.requires_grad),
+        frozen_bytes=sum(p.numel() * p.element_size() for p in frozen),
+        adapters=adapters,
+        block_linear=(sum(w.numel() for w in linear), sum(w.numel() * w.element_size() for w in linear),
+                      max((w.numel() for w in linear), default=0)),
+    )
+
+
+def frozen_block_linear_weights(model: nn.Module) -> list[torch.Tensor]:
+    """The frozen `nn.Linear` weights inside the model's repeated blocks (`find_blocks`), each once: what QLoRA
+    stores quantized. PEFT's LoRA layers keep the base Linear as `base_layer` (frozen) and the adapters as Linear
+    layers that train, so the adapters are left out; so are embeddings, the output head and biases."""
+    weights: dict[int, torch.Tensor] = {}
+    for _, _, block in find_blocks(model):
+        for module in block.modules():
+            if isinstance(module, nn.Linear) and not module.weight.requires_grad:
+                weights[id(module.weight)] = module.weight
+    return list(weights.values())
 
 
 @dataclass(frozen=True)
@@ -34,6 +94,7 @@ class DataFacts:
     info: DataInfo
     train_samples: int  # read in one epoch over all ranks (`epoch_samples`: sharded data deals out whole shards)
     convolutional: bool  # has Conv2d layers: channels_last pays off on CUDA
+    model: Optional[ModelFacts] = None  # what the planner reads of the model (`auto`, a reservation): read here once
 
 
 @dataclass(frozen=True)
@@ -59,7 +120,8 @@ def preflight(cfg: Config, *, world_size: int = 1, fit_stats: bool = True, store
     frozen, total = freeze(model, cfg.train.freeze) if cfg.train.freeze else (0, 0)  # before any wrapping or optimizer
     if cfg.train.early_stopping is not None:
         check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")
-    facts = DataFacts(data.info, epoch_samples(data.train, world_size), is_convolutional(model))
+    facts = DataFacts(data.info, epoch_samples(data.train, world_size), is_convolutional(model),
+                      describe_model(model, cfg.optim, adapters=cfg.model.lora is not None))
     return Preflight(data, model, facts, frozen, total)
 
 

@@ -30,8 +30,7 @@ from torch import nn
 
 from trainforge.config import Config
 from trainforge.data.base import DataInfo
-from trainforge.data.stages.loader import steps_per_epoch
-from trainforge.engine.parallelize import find_blocks
+from trainforge.data.stages.loader import run_steps
 from trainforge.errors import UserError
 from trainforge.hardware.catalog import Catalog, GPUSpec, Price, load_catalog
 from trainforge.hardware.device import resolve_device
@@ -50,35 +49,10 @@ from trainforge.planning.simulate import Simulation, simulate_step
 from trainforge.engine.microbatch import batch_geometry
 from trainforge.engine.optim import freeze
 from trainforge.engine.precision import resolve_precision
-from trainforge.engine.preflight import preflight
+from trainforge.engine.preflight import ModelFacts, describe_model, preflight  # noqa: F401  (ModelFacts: here too)
 
 DEFAULT_NUM_GPUS = (1, 2, 4, 8)
 HOPPER_OR_NEWER = ("h100", "h200", "b200", "gh200")
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What the planner needs to know about the architecture, read once from a meta-device build."""
-
-    family: str  # transformer | conv | other
-    convolutional: bool
-    param_count: int
-    state_bytes_per_param: int  # fp32 weights + fp32 gradients + optimizer state of a trained parameter
-    trainable_count: Optional[int] = None  # parameters that train (None: all of them)
-    frozen_bytes: int = 0  # the frozen weights (`train.freeze`, a LoRA base), in their dtype: no gradient, no state
-    adapters: bool = False  # LoRA: adapters train on a base the model itself freezes
-    # frozen Linear weights of the repeated blocks: what QLoRA quantizes (elements, bytes, largest one's elements)
-    block_linear: tuple[int, int, int] = (0, 0, 0)
-
-    def floor_bytes(self, shards: int) -> float:
-        """Weights, gradients and optimizer state before any activation: the floor of a step. The trained state
-        is sharded over `shards` (FSDP); frozen weights are not: the simulation holds them as buffers, which
-        FSDP2 leaves whole."""
-        trainable = self.param_count if self.trainable_count is None else self.trainable_count
-        return trainable * self.state_bytes_per_param / shards + self.frozen_bytes
-
-
-OPTIMIZER_STATE_BYTES = {"adamw": 8, "sgd": 4}  # two fp32 moments; one fp32 momentum buffer (0 without momentum)
 
 
 class Planner:
@@ -90,13 +64,15 @@ class Planner:
     made here when not given): its cache holds those simulations corrected by `memory.quantized_base`."""
 
     def __init__(self, cfg: Config, info: Optional[DataInfo] = None, steps: Optional[int] = None, *,
-                 quantize: Optional[str] = None, unquantized: Optional["Planner"] = None) -> None:
-        model = None
-        if info is None or steps is None:  # the run's own pre-flight: shapes and sizes, nothing decoded, no weights
+                 model: Optional[ModelFacts] = None, quantize: Optional[str] = None,
+                 unquantized: Optional["Planner"] = None) -> None:
+        """`info`, `steps` and `model`: the pre-flight's facts of the run (`training.setup.resolve` passes its own);
+        without `info`, the pre-flight runs here (shapes and sizes, nothing decoded, no weights)."""
+        if info is None:
             pre = preflight(cfg, fit_stats=False, on_meta=True)
-            info, model = pre.data.info, pre.model
-            steps = cfg.train.max_steps or cfg.train.epochs * steps_per_epoch(len(pre.data.train),
-                                                                              cfg.train.global_batch_size)
+            info, model = pre.data.info, pre.facts.model
+            steps = steps if steps is not None else run_steps(cfg.train, pre.facts.train_samples)
+        assert steps is not None, "a planner given the data's facts is given the run's steps too"
         self.cfg, self.info, self.steps = cfg, info, steps
         kind = quantize or quantize_kind(cfg)
         self.method = "full" if cfg.model.lora is None else ("lora" if kind == "none" else "qlora")
@@ -105,7 +81,7 @@ class Planner:
         self.quantization: Optional[BaseQuantization] = None
         self.unquantized: Optional[Planner] = None
         if self.method != "qlora":
-            self.facts = model_facts(cfg, info, model)
+            self.facts = model if model is not None else model_facts(cfg, info)
             self.cache = SimCache(self._simulate)
             return
         base = unquantized or Planner(with_model(cfg, quantize_base="none"), info, steps)
@@ -345,43 +321,15 @@ def spec_precision(requested: str, spec: GPUSpec) -> str:
     return resolve_precision(requested, device_type, bf16_supported=spec.peak_flops.get("bf16") is not None)[0]
 
 
-def model_facts(cfg: Config, info: DataInfo, model: Optional[nn.Module] = None) -> ModelFacts:
-    """What the simulation's corrections need of the model: `model` as the pre-flight built it (on the meta device,
-    train.freeze applied), or built here so."""
-    if model is None:
-        with torch.device("meta"):
-            model, _ = build_model(cfg.model, info)
-        if cfg.train.freeze:
-            freeze(model, cfg.train.freeze)
-    attention = any("attention" in type(m).__name__.lower() for m in model.modules())
-    conv = is_convolutional(model)
-    family = "transformer" if attention else ("conv" if conv else "other")
-    params = list(model.parameters())  # a tied tensor once
-    frozen = [p for p in params if not p.requires_grad]
-    linear = frozen_block_linear_weights(model)
-    optim_state = OPTIMIZER_STATE_BYTES.get(cfg.optim.name, 8)
-    if cfg.optim.name == "sgd" and cfg.optim.momentum == 0:
-        optim_state = 0
-    return ModelFacts(
-        family, conv, sum(p.numel() for p in params), 4 + 4 + optim_state,
-        trainable_count=sum(p.numel() for p in params if p.requires_grad),
-        frozen_bytes=sum(p.numel() * p.element_size() for p in frozen),
-        adapters=cfg.model.lora is not None,
-        block_linear=(sum(w.numel() for w in linear), sum(w.numel() * w.element_size() for w in linear),
-                      max((w.numel() for w in linear), default=0)),
-    )
-
-
-def frozen_block_linear_weights(model: nn.Module) -> list[torch.Tensor]:
-    """The frozen `nn.Linear` weights inside the model's repeated blocks (`find_blocks`), each once: what QLoRA
-    stores quantized. PEFT's LoRA layers keep the base Linear as `base_layer` (frozen) and the adapters as Linear
-    layers that train, so the adapters are left out; so are embeddings, the output head and biases."""
-    weights: dict[int, torch.Tensor] = {}
-    for _, _, block in find_blocks(model):
-        for module in block.modules():
-            if isinstance(module, nn.Linear) and not module.weight.requires_grad:
-                weights[id(module.weight)] = module.weight
-    return list(weights.values())
+def model_facts(cfg: Config, info: DataInfo) -> ModelFacts:
+    """The model facts of a variant of the recipe that no pre-flight built (plan's other fine-tuning methods: the same
+    model without adapters, or without QLoRA): built here on the meta device, train.freeze applied, as the pre-flight
+    builds the recipe's own."""
+    with torch.device("meta"):
+        model, _ = build_model(cfg.model, info)
+    if cfg.train.freeze:
+        freeze(model, cfg.train.freeze)
+    return describe_model(model, cfg.optim, adapters=cfg.model.lora is not None)
 
 
 def weights_floor_bytes(model: nn.Module, *, shards: int = 1, frozen_stored: bool = True) -> float:

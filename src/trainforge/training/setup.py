@@ -28,7 +28,7 @@ from typing import Any, Mapping, Optional
 import torch
 
 from trainforge.config import Config, EarlyStoppingConfig, OptimConfig, ScheduleConfig
-from trainforge.data.stages.loader import resolve_num_workers, steps_per_epoch
+from trainforge.data.stages.loader import resolve_num_workers, run_steps, steps_per_epoch
 from trainforge.engine.env import DistEnv, resolve_strategy
 from trainforge.hardware.device import supports_bf16
 from trainforge.planning.auto import (MemoryBudget, auto_micro_batch, device_budget, memory_factor, memory_terms,
@@ -148,7 +148,7 @@ def resolve(
     global_batch = tc.global_batch_size
     per_rank = per_rank_batch(global_batch, env.world_size)
     per_epoch = steps_per_epoch(facts.train_samples, global_batch)
-    total_steps = tc.max_steps or tc.epochs * per_epoch
+    total_steps = run_steps(tc, facts.train_samples)
     micro, why = _micro_batch(tc.micro_batch_size, per_rank, env.world_size, checkpoint, oom)
     peak = None
     if micro is None or predict:  # the planner: auto, or a prediction at the size fixed above
@@ -156,7 +156,7 @@ def resolve(
         budget = budget or device_budget(tc.memory_budget_bytes, device)
         terms = memory_terms(device.type, env.world_size, facts.convolutional, budget)
         factor = memory_factor(device) if budget.context_counted else None  # a calibration is of this device
-        planner = Planner(cfg, info=facts.info, steps=total_steps)
+        planner = Planner(cfg, info=facts.info, steps=total_steps, model=facts.model)  # the pre-flight's model facts
         if micro is None:
             choice = auto_micro_batch(planner, key, per_device=per_rank, budget=budget, terms=terms, factor=factor)
             micro, peak = choice.micro_batch_size, choice.predicted_peak_bytes

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from trainforge.config import TrainConfig
 from trainforge.data.seeding import generator_for
 from trainforge.errors import UserError
 from trainforge.hardware.cpus import available_cpus
@@ -35,6 +36,13 @@ def steps_per_epoch(num_samples: int, global_batch_size: int) -> int:
             public=True,
         )
     return steps
+
+
+def run_steps(train: TrainConfig, train_samples: int) -> int:
+    """Optimizer steps of a whole run: `train.max_steps` when set, else `train.epochs` epochs of `train_samples`
+    (what one epoch reads over all ranks) at `train.global_batch_size`. The one count of the resolver and the
+    planner."""
+    return train.max_steps or train.epochs * steps_per_epoch(train_samples, train.global_batch_size)
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
