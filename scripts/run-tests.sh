@@ -17,12 +17,32 @@ if [ "$WORKERS" -le 1 ]; then
   exec "$PY" -m pytest "$@"
 fi
 
+reports="$(mktemp -d -t trainforge-tests.XXXXXX)"
+trap 'rm -rf "$reports"' EXIT
 echo "== the tests not marked serial, on $WORKERS workers" >&2
-"$PY" -m pytest -n "$WORKERS" --dist loadscope -m "not serial" "$@"
+"$PY" -m pytest -n "$WORKERS" --dist loadscope -m "not serial" --durations=15 --junit-xml="$reports/parallel.xml" "$@"
 parallel=$?
 echo "== the serial tests, one at a time" >&2
-"$PY" -m pytest -p no:xdist -m serial "$@"
+"$PY" -m pytest -p no:xdist -m serial --durations=15 --junit-xml="$reports/serial.xml" "$@"
 serial=$?
+
+# one closing line for both runs: the counts of the whole suite
+"$PY" - "$reports"/*.xml <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+total = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+for path in sys.argv[1:]:
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError):
+        continue
+    for suite in ([root] if root.tag == "testsuite" else root.iter("testsuite")):
+        for key in total:
+            total[key] += int(suite.get(key, 0))
+failed = total["failures"] + total["errors"]
+passed = total["tests"] - failed - total["skipped"]
+print(f"suite: {passed} passed, {failed} failed, {total['skipped']} skipped")
+PY
 
 if [ $parallel -eq 5 ] && [ $serial -eq 5 ]; then exit 5; fi
 [ $parallel -ne 0 ] && [ $parallel -ne 5 ] && exit $parallel
