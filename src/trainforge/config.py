@@ -75,6 +75,7 @@ class FromModelConfig(Section):
     family: Literal["hf", "timm", "torchvision"]
     source: str = Field(min_length=1, max_length=1000)  # hf: hub id or directory; timm/torchvision: arch name
     weights: Optional[str] = Field(None, max_length=1000)  # torchvision: the weight set (DEFAULT, IMAGENET1K_V1)
+    trust_remote_code: bool = False  # hf: its tokenizer or processor may run its own code (model.args's, when filled)
 
 
 class DataConfig(Section):
@@ -307,7 +308,7 @@ def model_source(model: ModelConfig, field: str = "data.tokenizer", what: str = 
     if model.name == "hf":
         source = args.get("pretrained") or args.get("config")
         if isinstance(source, str) and source:
-            return FromModelConfig(family="hf", source=source)
+            return FromModelConfig(family="hf", source=source, trust_remote_code=args.get("trust_remote_code") is True)
     elif model.name == "timm" and isinstance(args.get("arch"), str):
         return FromModelConfig(family="timm", source=args["arch"])
     elif model.name == "resnet" and isinstance(args.get("arch"), str):

@@ -63,11 +63,12 @@ class Admitted:
 
 def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence[str], *,
                     data_roots: Sequence[Path] = (), allow_hub_downloads: bool = False,
-                    tracking_uri_allow: Sequence[str] = ()) -> Config:
+                    tracking_uri_allow: Sequence[str] = (), allow_remote_code: bool = False) -> Config:
     """The validated config of a submission (UserError with one line otherwise). Reads no file but the
     built-in recipe (and the configs of a pretrained folder it names); every data path and pretrained path is
     confined to `data_roots` (none: no path is accepted), a hub id must be in the local cache unless
-    `allow_hub_downloads`, and log.mlflow may name only a tracking server of `tracking_uri_allow`."""
+    `allow_hub_downloads`, log.mlflow may name only a tracking server of `tracking_uri_allow`, and a recipe may opt
+    in to a model's own code (trust_remote_code) only where the operator allows it (`allow_remote_code`)."""
     if recipe_yaml is not None:
         raw = parse_yaml_mapping(recipe_yaml, recipe)
     else:
@@ -86,6 +87,13 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
     if cfg.data.source == "custom" or cfg.data.target:
         raise UserError("data.source: the job server runs the built-in data sources only, not custom code "
                         "(data.target); run custom data with `trainforge train`")
+    if not allow_remote_code:
+        opted = [f for f, on in (("model.args.trust_remote_code", cfg.model.args.get("trust_remote_code") is True),
+                                 ("data.from_model.trust_remote_code",
+                                  cfg.data.from_model is not None and cfg.data.from_model.trust_remote_code)) if on]
+        if opted:
+            raise UserError(f"{opted[0]}: this server runs no model's own code; its operator allows it with "
+                            "`trainforge server --allow-remote-code`", public=True)
     if cfg.data.download:
         raise UserError("data.download: the job server downloads nothing; place the dataset under a data root "
                         "and point data.args.root at it")

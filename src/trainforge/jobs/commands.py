@@ -107,6 +107,10 @@ def server(
     job_env: Optional[List[str]] = typer.Option(None, "--job-env", metavar="NAME", help="Pass this variable of the "
                                                 "server's environment on to jobs (repeatable); by default they get an "
                                                 "allow-list (PATH, locale, CUDA/NCCL/torch/HF settings, caches)."),
+    allow_remote_code: bool = typer.Option(False, "--allow-remote-code", help="Accept recipes that opt in to a "
+                                           "model's own code (model.args.trust_remote_code: true): the .py files of "
+                                           "a model folder then run in the job and in its admission check. Default: "
+                                           "refused."),
     unsandboxed_jobs: bool = typer.Option(False, "--unsandboxed-jobs", help="Run jobs without their Landlock fence "
                                           "where the kernel has none (Linux < 6.2): a job could then write anything "
                                           "this user can. Only where every submitter is trusted."),
@@ -151,7 +155,8 @@ def server(
     err.print(f"trainforge server on http://{host}:{port}  state {state_dir}  slots: {escape(described)}  data roots: "
               f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}  "
               f"placement: {placement}  hub downloads: {'allowed' if allow_hub_downloads else 'off'}  tracking "
-              f"servers: {escape(', '.join(allowed) or 'none')}  sandbox: {escape(fence.describe(abi))}",
+              f"servers: {escape(', '.join(allowed) or 'none')}  remote code: "
+              f"{'allowed' if allow_remote_code else 'off'}  sandbox: {escape(fence.describe(abi))}",
               highlight=False, soft_wrap=True)
     if not sandboxed:
         err.print(f"[bold red]warning:[/bold red] {fence.UNSANDBOXED_FLAG}: jobs run UNFENCED; any job can write, read and "
@@ -163,7 +168,7 @@ def server(
     service = JobService(store, slots, state_dir, data_roots=roots, admission_timeout_s=admission_timeout_s,
                          admission_memory_bytes=int(admission_memory_gb * 2**30), placement=placement,
                          allow_hub_downloads=allow_hub_downloads, tracking_uri_allow=allowed, job_env=passed,
-                         sandboxed=sandboxed)
+                         sandboxed=sandboxed, allow_remote_code=allow_remote_code)
     try:
         with log_to(sys.stderr):  # every line printable: job names, job output and refused data are escaped
             serve(service, host=host, port=port, token=secret)

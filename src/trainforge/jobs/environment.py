@@ -115,4 +115,7 @@ def private_cache_env(tmp_dir: Path) -> dict[str, str]:
     writes there is seen by another job, and nothing another job writes is read by it."""
     return {"HOME": str(tmp_dir), "TMPDIR": str(tmp_dir), "TRAINFORGE_HOME": str(tmp_dir / "trainforge"),
             "XDG_CACHE_HOME": str(tmp_dir / ".cache"), "XDG_CONFIG_HOME": str(tmp_dir / ".config"),
-            "MPLCONFIGDIR": str(tmp_dir / ".config" / "matplotlib")}
+            "MPLCONFIGDIR": str(tmp_dir / ".config" / "matplotlib"),
+            # a model's own code (a recipe that opted in, on a server that allows it) is copied here, not into the
+            # shared Hugging Face home where the next job would find it
+            "HF_MODULES_CACHE": str(tmp_dir / ".cache" / "hf-modules")}

@@ -92,7 +92,7 @@ class JobService:
                  admission_timeout_s: float = DEFAULT_TIMEOUT_S, admission_memory_bytes: int = DEFAULT_MEMORY_BYTES,
                  admission_parallel: int = DEFAULT_PARALLEL, placement: str = PLACEMENTS[0],
                  allow_hub_downloads: bool = False, tracking_uri_allow: Sequence[str] = (),
-                 job_env: Sequence[str] = (), sandboxed: bool = True) -> None:
+                 job_env: Sequence[str] = (), sandboxed: bool = True, allow_remote_code: bool = False) -> None:
         if not slots:
             raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
         abi = sandbox.landlock_abi()
@@ -110,6 +110,7 @@ class JobService:
         self.python = python
         self.data_roots = tuple(data_roots)
         self.allow_hub_downloads = allow_hub_downloads  # else a hub id must be cached, and nothing downloads
+        self.allow_remote_code = allow_remote_code  # else a recipe's trust_remote_code: true is refused
         self.tracking_uri_allow = tuple(tracking_uri_allow)  # the only tracking servers a job may log to
         server_env = os.environ if env is None else env
         self.caches = model_caches(server_env)
@@ -214,7 +215,8 @@ class JobService:
         from trainforge.jobs.admission import load_submission  # heavy (torch): imported by start()'s warm-up
 
         cfg = load_submission(sub.recipe, sub.recipe_yaml, sub.overrides, data_roots=self.data_roots,
-                              allow_hub_downloads=self.allow_hub_downloads, tracking_uri_allow=self.tracking_uri_allow)
+                              allow_hub_downloads=self.allow_hub_downloads, tracking_uri_allow=self.tracking_uri_allow,
+                              allow_remote_code=self.allow_remote_code)
         try:
             admitted = self.checker.size(cfg.to_yaml(), sub.num_gpus, self.slots, submitter=sub.submitter)
         except Busy:

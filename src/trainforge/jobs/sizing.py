@@ -39,6 +39,7 @@ from trainforge.config import config_from_yaml_text
 from trainforge.confine import ENV as ROOTS_ENV
 from trainforge.confine import roots_env
 from trainforge.errors import UserError
+from trainforge.hub import use_modules_cache
 from trainforge.files import HOME_ENV
 from trainforge.jobs import sandbox
 from trainforge.jobs.pretrained import apply_hub_env, hub_env
@@ -234,6 +235,7 @@ def _size_and_send(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots:
         apply_hub_env(env)  # the data sources enforce the roots, and the hub stays offline, as in the job itself
         os.chdir(workdir)  # empty: a relative name ("org/name") can only be a hub id, never a folder of ours
         os.environ.update(TMPDIR=workdir, TRAINFORGE_HOME=env.get(HOME_ENV) or os.path.join(workdir, "trainforge"))
+        use_modules_cache(Path(workdir) / "hf-modules")  # a model's own code, where the server allows it: this check's
         tempfile.tempdir = workdir  # the fork server may have looked it up already
         if fence is not None:  # the job's fence, read-only but for workdir and the cache of prepared data
             sandbox.restrict(sandbox.check_policy(tmp_dir=Path(workdir), data_roots=fence.data_roots,

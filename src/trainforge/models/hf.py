@@ -33,7 +33,8 @@ from torch import nn
 
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
-from trainforge.hub import from_hub
+from trainforge.confine import local_path
+from trainforge.hub import check_weight_files, from_hub, load_weights_safely
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.quantize_base import dequantized_copy
 from trainforge.models.zoo import DataFit, input_spec, register_model
@@ -112,12 +113,28 @@ def no_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+def quiet_load(load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`load(...)` without transformers' multi-line load report (missing, unexpected and resized tensors): which of
+    them matter is said by `_check_weights_fit`, in one line, and a new head's fresh weights are the expected case."""
+    from transformers.utils import logging as hf_logging  # loaded already: an hf model is being built
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return load(*args, **kwargs)
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 @register_model("hf", fits=HF_DATA)
 def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, dict, None] = None,
-       pad_token_id: Optional[int] = None) -> tuple[nn.Module, InputSpec]:
+       pad_token_id: Optional[int] = None, trust_remote_code: bool = False) -> tuple[nn.Module, InputSpec]:
     """pretrained: a hub id or a local directory, or false; config (with pretrained false): an id, a directory
     or an inline dict with `model_type`; pad_token_id: the padding id of text-classification inputs (default:
-    the data's, else the model's, else 0)."""
+    the data's, else the model's, else 0); trust_remote_code: let a model whose classes are its own code (auto_map)
+    run that code (off: such a model is one line saying so; on: one warning naming the files)."""
+    if not isinstance(trust_remote_code, bool):
+        raise UserError("model.args.trust_remote_code: true or false")
     # heavy (transformers, ~3 s): only hf models load it
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,
                               AutoModelForSequenceClassification)
@@ -141,8 +158,11 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
                     label2id={n: i for i, n in enumerate(names)})
 
     source = str(pretrained) if pretrained else None
-    hf_config = (_config(config, AutoConfig) if source is None
-                 else from_hub(AutoConfig.from_pretrained, source, "config", field=FIELD))
+    trust = trust_remote_code
+    if source is not None and Path(source).expanduser().is_dir():  # a folder someone made: its weights checked first
+        check_weight_files(local_path(source, FIELD), FIELD)
+    hf_config = (_config(config, AutoConfig, trust) if source is None
+                 else from_hub(AutoConfig.from_pretrained, source, "config", field=FIELD, trust_remote_code=trust))
     for key, value in head.items():
         setattr(hf_config, key, value)
     # the data's padding id (its tokenizer's) wins over the model config's: the model must mask what the data pads
@@ -154,17 +174,20 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
     if source is None and info.vocab_size and getattr(hf_config, "vocab_size", None) is None:
         hf_config.vocab_size = info.vocab_size
     _check_vocab(hf_config, info)
+    _check_positions(hf_config, info)
     if source is None or not materializing():
-        model = auto.from_config(hf_config)
+        model = auto.from_config(hf_config, trust_remote_code=trust)
     else:
         with no_progress_bars():
-            model = from_hub(auto.from_pretrained, source, "weights", field=FIELD, config=hf_config,
-                             ignore_mismatched_sizes=True)
+            model, loading = load_weights_safely(lambda: quiet_load(from_hub,
+                auto.from_pretrained, source, "weights", field=FIELD, config=hf_config, ignore_mismatched_sizes=True,
+                trust_remote_code=trust, output_loading_info=True), source, FIELD)
+            _check_weights_fit(model, loading, source)
     return (HFModel(model, pad_token_id=None if info.task == "lm" or images else pad, images=images,
                     causal=info.task == "lm"), input_spec(info))
 
 
-def _config(config: Union[str, dict], auto_config) -> Any:
+def _config(config: Union[str, dict], auto_config, trust_remote_code: bool) -> Any:
     if isinstance(config, dict):
         settings = dict(config)
         model_type = settings.pop("model_type", None)
@@ -175,7 +198,46 @@ def _config(config: Union[str, dict], auto_config) -> Any:
         except (ValueError, KeyError) as e:
             raise UserError(f"model.args.config.model_type: {model_type!r} is not a transformers model type "
                             f"({str(e).splitlines()[0][:120]})") from None
-    return from_hub(auto_config.from_pretrained, str(config), "config", field="model.args.config")
+    return from_hub(auto_config.from_pretrained, str(config), "config", field="model.args.config",
+                    trust_remote_code=trust_remote_code)
+
+
+HEAD_WORDS = ("classifier", "score", "lm_head", "pooler", "head")  # what a new task replaces: fresh weights expected
+MIN_BODY_LOADED = 0.9  # of the tensors outside the head that the weights file must fill
+
+
+def _check_weights_fit(model: nn.Module, loading: dict[str, Any], source: str) -> None:
+    """transformers fills what its weights file lacks, or holds at another shape, with random values and only warns:
+    weights of another model would train from scratch without a word. Outside the head, at least MIN_BODY_LOADED
+    of the tensors must have come from the file."""
+    body = [k for k in model.state_dict() if not any(w in k for w in HEAD_WORDS)]
+    unfilled = set(loading.get("missing_keys") or ()) | {m[0] if isinstance(m, (tuple, list)) else m
+                                                        for m in loading.get("mismatched_keys") or ()}
+    lacking = [k for k in body if k in unfilled]
+    if body and len(lacking) > (1 - MIN_BODY_LOADED) * len(body):
+        raise UserError(f"{FIELD}: {source}'s weights do not fit its config ({len(lacking)} of {len(body)} tensors "
+                        f"outside the head missing or of another shape, e.g. {lacking[0]}); the folder's config.json "
+                        "and weights are of different models", public=True)
+
+
+# where transformers configs state how many positions the model embeds (GPT-2's n_positions, most others'
+# max_position_embeddings; n_ctx in older GPT-style configs)
+POSITION_LIMITS = ("max_position_embeddings", "n_positions", "n_ctx")
+
+
+def _check_positions(hf_config: Any, info: DataInfo) -> None:
+    """Token samples longer than the positions the model embeds fail at their first forward ("index out of range"):
+    said here, in the pre-flight, in one line naming both numbers."""
+    if info.input_dtype != "int64" or not info.seq_len:
+        return
+    for name in POSITION_LIMITS:
+        limit = getattr(hf_config, name, None)
+        if isinstance(limit, int) and limit > 0:
+            if info.seq_len > limit:
+                raise UserError(f"data.args: samples of {info.seq_len} tokens are longer than the model's {limit} "
+                                f"positions ({name} in its config); set the data's length (data.args.seq_len, or "
+                                f"block_size for plain text) to {limit} or less", public=True)
+            return
 
 
 def _check_vocab(hf_config: Any, info: DataInfo) -> None:

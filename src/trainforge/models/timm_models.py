@@ -24,7 +24,7 @@ from torch import nn
 from trainforge.data.base import DataInfo
 from trainforge.confine import local_path
 from trainforge.errors import UserError
-from trainforge.hub import hub_offline, why_not_hub
+from trainforge.hub import hub_offline, weights_problem, why_not_hub
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.zoo import IMAGE_CLASSIFICATION, input_spec, register_model
 
@@ -52,7 +52,13 @@ def timm_model(info: DataInfo, arch: str, pretrained: Union[bool, str] = False,
     try:
         model = timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **kwargs)
         saved = set(timm.models.load_state_dict(str(path)))
-    except (RuntimeError, ValueError, KeyError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - unpickling, zip, safetensors and shape errors share no narrower base
+        problem = weights_problem(e)
+        if problem is not None:
+            raise UserError(f"model.args.pretrained: {path} is {problem}; point it at a state dict of {arch}",
+                            public=True) from None
+        if not isinstance(e, (RuntimeError, ValueError, KeyError, OSError)):
+            raise
         raise UserError(f"model.args.pretrained: {path} does not hold weights of {arch} "
                         f"({str(e).strip().splitlines()[0][:160]})") from None
     # timm loads what matches and only warns about the rest: a file of another architecture would leave

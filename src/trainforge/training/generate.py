@@ -157,6 +157,7 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
     # heavy (transformers): only generation from such a folder needs it
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from trainforge.hub import load_weights_safely, needs_remote_code, remote_code_files, remote_code_refusal
     from trainforge.integrity import MANIFEST_FILE, check_files, read_digests
     from trainforge.models.hf import HFModel, no_progress_bars
 
@@ -164,9 +165,13 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
     if verify and (path / MANIFEST_FILE).is_file():
         check_files(path, read_digests(path, "pass --no-verify"), [p.name for p in files],
                     fix="restore the folder from a good copy", unverifiable="pass --no-verify")
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    try:  # a folder whose classes are its own code (auto_map) is refused: generate never runs a folder's code
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
     except (OSError, ValueError) as e:
+        if needs_remote_code(e):
+            raise remote_code_refusal(str(path), "PATH", remote_code_files(path),
+                                      opt_in="in `trainforge generate`; load it with transformers yourself if you "
+                                             "trust it") from None
         raise UserError(f"{path}: not a readable transformers folder ({str(e).splitlines()[0][:160]})") from None
     if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):
         raise UserError(f"{path}: a {', '.join(config.architectures or ['?'])} model; generation needs a causal LM "
@@ -178,7 +183,8 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
         raise UserError(f"{path}: no tokenizer.json beside the model; a run's final/hf has its tokenizer, or save one "
                         "there with the tokenizer's save_pretrained")
     with no_progress_bars():
-        lm = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+        lm = load_weights_safely(lambda: AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32, trust_remote_code=False), str(path), "PATH")
     return HFModel(lm, pad_token_id=None, images=False, causal=True), {"tokenizer_files": tokenizer_files}, "hf", str(path)
 
 

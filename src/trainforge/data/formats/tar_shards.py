@@ -105,7 +105,76 @@ def read_index(root: Path, field: str = "data.path") -> dict[str, Any]:
             if not isinstance(s, dict) or s.get("file") != shard_name(split, n) or not isinstance(s.get("samples"), int):
                 raise UserError(f"{field}: {path} lists a shard that is not {split}-{n:05d}.tar of this directory; "
                                 "prepare the shards again", public=True)
+    problem = index_problem(index)
+    if problem is not None:
+        raise UserError(f"{field}: {path} is not an index trainforge writes ({problem}); prepare the shards again",
+                        public=True)
     return index
+
+
+def _is_int(v: Any, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def index_problem(index: dict[str, Any]) -> str | None:
+    """What in a (format-stamped) index.json is not as `trainforge data prepare` writes it, or None: the fields a run
+    reads, each of its type, so that none of them fails later with a traceback."""
+    classes = index.get("classes")
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, str) for c in classes):
+        return "classes: a list of class names"
+    kept = index.get("prepared_with")
+    if not isinstance(kept, dict) or not all(isinstance(kept.get(k), (int, float)) and not isinstance(kept.get(k), bool)
+                                             for k in ("val_fraction", "test_fraction", "shard_samples")):
+        return "prepared_with: val_fraction, test_fraction and shard_samples"
+    report = index.get("report")
+    if not (isinstance(report, dict) and _is_int(report.get("rows_read")) and isinstance(report.get("dropped"), dict)
+            and all(isinstance(k, str) and _is_int(v) for k, v in report["dropped"].items())
+            and isinstance(report.get("dropped_examples"), dict)
+            and all(isinstance(k, str) and isinstance(v, list) for k, v in report["dropped_examples"].items())):
+        return "report: rows_read, dropped and dropped_examples"
+    if not isinstance(index.get("source"), (str, dict)):
+        return "source"
+    for split in SPLITS:
+        for s in index["splits"].get(split, []):
+            counts = s.get("class_counts")
+            if not (_is_int(s["samples"]) and _is_int(s.get("bytes")) and isinstance(counts, list)
+                    and len(counts) == len(classes) and all(_is_int(c) for c in counts)):
+                return f"{s['file']}: samples, bytes and one count per class"
+    return None
+
+
+ROW_COLUMNS = 3  # offset, size, label
+
+
+def shard_rows(index_path: str, tar_path: str, samples: int, num_classes: int, field: str = "data.path") -> np.ndarray:
+    """A shard's `.idx.npy`, checked as trainforge writes it: int64, (samples, 3), every data member inside its tar
+    (0 <= offset, 0 <= size, offset + size <= the tar's size), every label a class. Anything else (a pickle, another
+    shape or dtype, a size that would allocate terabytes) is a UserError naming the file, before any of it is used."""
+    name = Path(index_path).name
+    try:
+        rows = np.load(index_path, allow_pickle=False, mmap_mode="r")
+        tar_bytes = os.stat(tar_path).st_size
+    except (OSError, ValueError, EOFError) as e:  # a pickle (object dtype) is a ValueError: never unpickled
+        first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        if "Python objects" in first or "allow_pickle" in first:
+            first = "a pickle (object dtype), never unpickled"
+        raise UserError(f"{field}: {index_path} is not a shard index trainforge writes ({first}); prepare the shards "
+                        "again", public=f"{field}: {name} is not a shard index trainforge writes ({first})") from None
+    problem = None
+    if rows.dtype != np.int64 or rows.shape != (samples, ROW_COLUMNS):
+        problem = f"{rows.dtype} {tuple(rows.shape)}, not int64 ({samples}, {ROW_COLUMNS})"
+    elif samples:
+        offsets, sizes, labels = rows[:, 0], rows[:, 1], rows[:, 2]
+        if int(offsets.min()) < 0 or int(sizes.min()) < 0:
+            problem = "a negative offset or size"
+        elif int(offsets.max()) > tar_bytes or bool(np.any(sizes > tar_bytes - offsets)):
+            problem = f"a sample that reaches past the end of its tar ({tar_bytes} bytes)"
+        elif int(labels.min()) < 0 or int(labels.max()) >= num_classes:
+            problem = f"a label outside the {num_classes} classes"
+    if problem is not None:
+        raise UserError(f"{field}: {index_path} is not a shard index trainforge writes ({problem}); prepare the "
+                        "shards again", public=f"{field}: {name} is not a shard index trainforge writes ({problem})")
+    return np.array(rows)
 
 
 @dataclass(frozen=True)
@@ -142,6 +211,16 @@ class TarShards:
     def __len__(self) -> int:
         return self.total
 
+    @property
+    def num_classes(self) -> int:
+        return len(self.index.get("classes") or ())
+
+    def check(self, field: str = "data.path") -> None:
+        """Every shard's index checked (`shard_rows`), as the run start and the job admission do before any sample
+        is read (each index is mapped, not loaded: a few bytes per sample)."""
+        for shard in self.shards:
+            shard_rows(shard.path[:-4] + ".idx.npy", shard.path, shard.samples, self.num_classes, field)
+
     def shard_sizes(self, split: str) -> list[int]:
         first, stop = self.split_ranges[split]
         return [s.samples for s in self.shards if first <= s.start < stop]
@@ -162,7 +241,9 @@ class TarShards:
             self._pid, self._files, self._rows = os.getpid(), OrderedDict(), OrderedDict()
         k, j = self.locate(i)
         path = self.shards[k].path
-        offset, size, label = (int(v) for v in _cached(self._rows, k, lambda: np.load(path[:-4] + ".idx.npy"))[j])
+        rows = _cached(self._rows, k, lambda: shard_rows(path[:-4] + ".idx.npy", path, self.shards[k].samples,
+                                                         self.num_classes))
+        offset, size, label = (int(v) for v in rows[j])
         data = os.pread(_cached(self._files, k, lambda: os.open(path, os.O_RDONLY)), size, offset)
         if len(data) != size:
             raise OSError(f"{path}: cut short at sample {j}")

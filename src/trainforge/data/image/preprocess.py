@@ -254,7 +254,8 @@ def hf_preprocess(from_model: "FromModelConfig") -> ImagePreprocess:
     from trainforge.hub import from_hub
 
     source = from_model.source
-    proc = from_hub(AutoImageProcessor.from_pretrained, source, "image processor", field="data.from_model.source")
+    proc = from_hub(AutoImageProcessor.from_pretrained, source, "image processor", field="data.from_model.source",
+                    trust_remote_code=from_model.trust_remote_code)
     kind = type(proc).__name__
     rule = HF_RESIZE_RULES.get(kind.removesuffix("Pil"))
     if rule is None and not _generic_hf_processor(type(proc)):

@@ -87,6 +87,7 @@ def webdataset(cfg: DataConfig, *, seed: int) -> Pool:
     check_found([root / INDEX], root, "data.path")
     tars = TarShards.open(root)
     check_found([Path(p) for s in tars.shards for p in (s.path, s.path[:-4] + ".idx.npy")], root, "data.path")
+    tars.check("data.path")  # every index as trainforge writes it, before any sample is read
     index = tars.index
     kept = index["prepared_with"]
     if (cfg.val_fraction, cfg.test_fraction) != (kept["val_fraction"], kept["test_fraction"]):

@@ -37,7 +37,7 @@ from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool, Samples
 from trainforge.data.text.chat_templates import DEFAULT_TEMPLATE, TEMPLATES
 from trainforge.data.text.tokenizer import ENCODE_CHUNK, TextTokenizer, tokenizer_note
-from trainforge.errors import quote
+from trainforge.errors import UserError, quote
 
 IGNORE = -100  # the label of a position without loss (cross-entropy's ignore_index)
 
@@ -186,7 +186,14 @@ def transformers_tokenizer(tok: TextTokenizer) -> Any:
 
     with tempfile.TemporaryDirectory() as tmp:
         tok.save(Path(tmp))
-        return AutoTokenizer.from_pretrained(tmp)
+        try:  # the stored files: a tokenizer whose class is its own code is not rebuilt from them
+            return AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        except ValueError as e:
+            if "trust_remote_code" not in str(e):
+                raise
+            raise UserError(f"data.tokenizer: {tok.origin}'s tokenizer is a class of its own code; chat data needs a "
+                            "tokenizer transformers ships (use data.tokenizer: bpe, or another model's)",
+                            public=True) from None
 
 
 def choose_template(requested: str, hf: Any, stored: Optional[dict[str, Any]]) -> tuple[str, str]:

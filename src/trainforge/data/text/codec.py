@@ -145,7 +145,7 @@ class StoredTokenizer(Codec):
         with tempfile.TemporaryDirectory() as tmp:
             for name, content in pre["tokenizer_files"].items():
                 (Path(tmp) / Path(name).name).write_text(content, encoding="utf-8")
-            self.tok = PreTrainedTokenizerFast.from_pretrained(tmp)
+            self.tok = PreTrainedTokenizerFast.from_pretrained(tmp, trust_remote_code=False)  # the class is fixed
         eos = pre.get("eos_id", self.tok.eos_token_id)
         self.eos_ids = () if eos is None else (int(eos),)
         pad = pre.get("pad_id", self.tok.pad_token_id)

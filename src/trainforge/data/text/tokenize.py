@@ -98,7 +98,7 @@ def choose_tokenizer(cfg: DataConfig, train_texts: Callable[[], Iterable[str]],
         if cfg.from_model.family != "hf":
             raise UserError(f"data.tokenizer: model needs a transformers model; data.from_model is a "
                             f"{cfg.from_model.family} model (images); use bpe or bytes", public=True)
-        return pretrained_tokenizer(cfg.from_model.source, "data.from_model.source")
+        return pretrained_tokenizer(cfg.from_model.source, "data.from_model.source", cfg.from_model.trust_remote_code)
     a = cfg.tokenizer_args
     return train_bpe(train_texts(), vocab_size=a.vocab_size, min_frequency=a.min_frequency)
 

@@ -131,15 +131,17 @@ def train_bpe(texts: Iterable[str], *, vocab_size: int, min_frequency: int) -> T
                          origin="byte-level BPE trained on the training split")
 
 
-def pretrained_tokenizer(source: str, field_name: str) -> TextTokenizer:
-    """The tokenizer of a transformers model (hub id or directory; offline-first like the model itself)."""
+def pretrained_tokenizer(source: str, field_name: str, trust_remote_code: bool = False) -> TextTokenizer:
+    """The tokenizer of a transformers model (hub id or directory; offline-first like the model itself); its own code
+    runs only with `trust_remote_code` (trainforge keeps its fast tokenizer's files either way)."""
     # heavy (transformers, ~3 s) and only for data.tokenizer: model
     from transformers import AutoTokenizer
 
     from trainforge.errors import UserError
     from trainforge.hub import from_hub
 
-    tok = from_hub(AutoTokenizer.from_pretrained, source, "tokenizer", field=field_name)
+    tok = from_hub(AutoTokenizer.from_pretrained, source, "tokenizer", field=field_name,
+                   trust_remote_code=trust_remote_code)
     if not getattr(tok, "is_fast", False):
         raise UserError(f"{field_name}: {source!r} has only a slow (Python) tokenizer; trainforge needs its fast "
                         "tokenizer (tokenizer.json): convert it with transformers, or use data.tokenizer: bpe")

@@ -1,0 +1,71 @@
+"""Hostile files of issue 40, built by the tests that attack trainforge with them (the command line's:
+tests/e2e/test_hostile_files.py; the job server's: tests/jobs/test_jobs_hostile_files.py)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from tiny_models import save_tiny_llama
+
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] + '\n' + m['content'] }}{{ eos_token }}{% endfor %}"
+                 "{% if add_generation_prompt %}{{ 'assistant\n' }}{% endif %}")
+
+
+RAN = "evil.py ran"  # what the folder's code prints when it runs: in a job's or the server's log, the proof
+
+
+def evil_code(marker: Path) -> str:
+    """A custom architecture as a hub repository ships one (auto_map + a .py file): a Llama under another model_type.
+    Importing it leaves `marker` where it may write there (a job's fence may not let it), and prints RAN."""
+    return ("import pathlib\n"
+            f"try:\n    pathlib.Path({str(marker)!r}).write_text('ran')\nexcept OSError:\n    pass\n"
+            f"print({RAN!r}, flush=True)\n"
+            "from transformers import LlamaConfig, LlamaForCausalLM\n\n\n"
+            "class EvilConfig(LlamaConfig):\n    model_type = 'evilllama'\n\n\n"
+            "class EvilForCausalLM(LlamaForCausalLM):\n    config_class = EvilConfig\n")
+
+
+def save_remote_code_model(path: Path, marker: Path) -> Path:
+    """A tiny causal LM whose config names classes of its own code: transformers must run evil.py to load it."""
+    save_tiny_llama(path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type="evilllama", architectures=["EvilForCausalLM"],
+                  auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM"})
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "evil.py").write_text(evil_code(marker))
+    return path
+
+
+def pickle_payload_bin(path: Path, marker: Path) -> None:
+    """A torch.save file whose pickle calls os.system when unpickled without weights_only."""
+    import torch
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    torch.save({"model.embed_tokens.weight": Payload()}, path)
+
+
+def hostile_index(shards: Path, tmp_path: Path, kind: str) -> Path:
+    """A copy of `shards` whose first train shard index is `kind`: a pickle, a 2**40 size, a negative offset."""
+    copy = shutil.copytree(shards, tmp_path / f"shards-{kind}")
+    index = copy / "train-00000.idx.npy"
+    rows = np.load(index)
+    if kind == "pickle":
+        np.save(index, np.array([{"offset": 0}] * len(rows), dtype=object), allow_pickle=True)
+    elif kind == "huge":
+        rows[0, 1] = 2**40
+        np.save(index, rows)
+    elif kind == "negative":
+        rows[0, 0] = -4096
+        np.save(index, rows)
+    return copy
+
+
+WDS = ["data.source=webdataset", "data.args={image_size: 8}", "data.normalize=none", "data.augment.rotation_deg=0",
+       "data.augment.crop_scale=null", "model.name=mlp", "model.args={hidden: [8]}"]
