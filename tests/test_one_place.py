@@ -176,3 +176,20 @@ rows = {"run": label}
 raise UserError("not a run directory, final/ or checkpoints/step-* directory")
 '''
     assert layout_names_spelled(ast.parse(fine)) == []
+
+
+def test_every_transformers_loader_is_told_whether_to_run_remote_code():
+    """Issue 40: transformers asks on the terminal (and a piped `yes` answers) unless trust_remote_code is passed.
+    Every from_pretrained / from_config call passes it, and every from_hub call (which always passes it) is given a
+    loader, never called without the keyword reaching it."""
+    missing = []
+    for path, tree in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    node.func.attr in ("from_pretrained", "from_config", "for_model"):
+                if node.func.attr == "for_model":
+                    continue  # a config from a known model_type: no code to fetch
+                if not any(k.arg == "trust_remote_code" for k in node.keywords):
+                    missing.append(f"{path}:{node.lineno}")
+    assert not missing, missing
+    assert "kwargs[\"trust_remote_code\"] = trust_remote_code" in (SRC / "hub.py").read_text()
