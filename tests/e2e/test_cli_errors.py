@@ -43,6 +43,10 @@ CASES = {
     "resume from nothing": (["train", "--resume", "/nonexistent/run"], "--resume: /nonexistent/run does not exist"),
     "eval of a non-checkpoint": (["eval", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such checkpoint"),
     "bad override syntax": (["train", "optim.lr"], None),  # a lone word is taken as a recipe name
+    # trainforge's own stages record stage.*; a recipe or an override never sets it (issue 39)
+    "internal stage key": (["train", "digits_cnn", "stage.mlflow_parent_run_id=abc"],
+                           "stage.mlflow_parent_run_id: set by trainforge's own stages"),
+    "internal stage key, old spelling": (["train", "digits_cnn", "model.pruned=true"], "model.pruned: set by"),
 }
 
 

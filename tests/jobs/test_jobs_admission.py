@@ -26,6 +26,8 @@ def cpu_slots(n: int = 2, memory_bytes: int = 2**30) -> list[Slot]:
     (["train.max_steps=5; rm -rf /"], "train.max_steps: expected an integer"),
     (["model.name=custom", "model.target=os:system"], "custom code"),
     (["data.source=custom", "data.target=os:system"], "custom code"),
+    (["stage.pruned=true"], "stage.pruned: set by trainforge's own stages"),  # issue 39: internal, never submitted
+    (["model.args.trust_remote_code=true"], "--allow-remote-code"),  # issue 40: the operator's to allow
 ])
 def test_bad_submissions_are_one_line_user_errors(overrides, message):
     with pytest.raises(UserError) as e:
@@ -40,6 +42,8 @@ def test_only_built_in_names_or_yaml_text():
         load_submission("mine.yaml", "a: [1,", [])
     with pytest.raises(UserError, match="YAML mapping"):
         load_submission("mine.yaml", "- 1\n- 2\n", [])
+    with pytest.raises(UserError, match="stage.mlflow_parent_run_id: set by trainforge's own stages"):
+        load_submission("mine.yaml", "stage:\n  mlflow_parent_run_id: abc\n", [])
     cfg = load_submission("mine.yaml", "name: mine\ntrain:\n  max_steps: 7\n", ["optim.lr=0.01"])
     assert (cfg.name, cfg.train.max_steps, cfg.optim.lr) == ("mine", 7, 0.01)
 
