@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tiny_models import save_tiny_llama
+from tiny_models import corpus, save_tiny_llama
 
 CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] + '\n' + m['content'] }}{{ eos_token }}{% endfor %}"
                  "{% if add_generation_prompt %}{{ 'assistant\n' }}{% endif %}")
@@ -69,3 +69,32 @@ def hostile_index(shards: Path, tmp_path: Path, kind: str) -> Path:
 
 WDS = ["data.source=webdataset", "data.args={image_size: 8}", "data.normalize=none", "data.augment.rotation_deg=0",
        "data.augment.crop_scale=null", "model.name=mlp", "model.args={hidden: [8]}"]
+
+
+def hostile_model_files(root: Path, marker: Path, pwned: Path) -> dict[str, Path]:
+    """Under `root`: texts and chats to train on, a good tiny Llama folder, and the hostile ones: `remote` (its code
+    leaves `marker`), `pickled` (a pytorch_model.bin whose pickle would leave `pwned`), `truncated` (half a
+    model.safetensors), `other` (weights of another model: no tensor name of its config), `badtok` (a tokenizer.json
+    that does not parse) and `short` (128 positions, for data of 512 tokens)."""
+    from safetensors.torch import load_file, save_file
+
+    out = {"root": root, "marker": marker, "pwned": pwned, "text": root / "docs.txt", "chats": root / "chats.jsonl"}
+    out["text"].write_text("\n".join(corpus(300)))
+    out["chats"].write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                                             {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
+                                    for i in range(40)))
+    good = out["good"] = save_tiny_llama(root / "good")
+    out["remote"] = save_remote_code_model(root / "remote", marker)
+    pickled = out["pickled"] = shutil.copytree(good, root / "pickled")
+    (pickled / "model.safetensors").unlink()
+    pickle_payload_bin(pickled / "pytorch_model.bin", pwned)
+    truncated = out["truncated"] = shutil.copytree(good, root / "truncated")
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    other = out["other"] = shutil.copytree(good, root / "other")
+    save_file({f"other.{k}": v for k, v in load_file(str(other / "model.safetensors")).items()},
+              str(other / "model.safetensors"))
+    badtok = out["badtok"] = shutil.copytree(good, root / "badtok")
+    (badtok / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
+    out["short"] = save_tiny_llama(root / "short", chat_template=CHAT_TEMPLATE, max_position_embeddings=128)
+    return out

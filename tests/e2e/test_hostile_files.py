@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hostile_files import CHAT_TEMPLATE, WDS, hostile_index, pickle_payload_bin, save_remote_code_model
-from tiny_models import corpus, save_tiny_llama
+from hostile_files import WDS, hostile_index, hostile_model_files
 
 QUICK = ["train.max_steps=2", "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_every_steps=2",
          "train.early_stopping=null", "schedule.warmup_steps=0", "data.num_workers=0", "train.device=cpu",
@@ -24,35 +23,7 @@ QUICK = ["train.max_steps=2", "train.global_batch_size=4", "train.micro_batch_si
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hostile")
-    text = root / "docs.txt"
-    text.write_text("\n".join(corpus(300)))
-    good = save_tiny_llama(root / "good")
-    out = {"root": root, "text": text, "good": good, "marker": root / "evil-ran", "pwned": root / "pickle-ran"}
-    out["remote"] = save_remote_code_model(root / "remote", out["marker"])
-    pickled = shutil.copytree(good, root / "pickled")
-    (pickled / "model.safetensors").unlink()
-    pickle_payload_bin(pickled / "pytorch_model.bin", out["pwned"])
-    out["pickled"] = pickled
-    truncated = shutil.copytree(good, root / "truncated")
-    data = (truncated / "model.safetensors").read_bytes()
-    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
-    out["truncated"] = truncated
-    other = shutil.copytree(good, root / "other")  # weights of another model: no tensor name of its config
-    from safetensors.torch import load_file, save_file
-
-    save_file({f"other.{k}": v for k, v in load_file(str(other / "model.safetensors")).items()},
-              str(other / "model.safetensors"))
-    out["other"] = other
-    badtok = shutil.copytree(good, root / "badtok")
-    (badtok / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
-    out["badtok"] = badtok
-    out["short"] = save_tiny_llama(root / "short", chat_template=CHAT_TEMPLATE, max_position_embeddings=128)
-    chats = root / "chats.jsonl"
-    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
-                                                      {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
-                             for i in range(40)))
-    out["chats"] = chats
-    return out
+    return hostile_model_files(root, root / "evil-ran", root / "pickle-ran")
 
 
 def run(args: list[str], tmp_path: Path, stdin: str = "") -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ allows it and the recipe opts in, and neither the server's log nor any job's log
 built by tests/hostile_files.py, as for the command line's test (tests/e2e/test_hostile_files.py)."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -18,8 +17,7 @@ import httpx
 import pytest
 
 from jobs_helpers import free_port, landlock_missing, wait_for
-from hostile_files import RAN, CHAT_TEMPLATE, WDS, hostile_index, pickle_payload_bin, save_remote_code_model
-from tiny_models import corpus, save_tiny_llama
+from hostile_files import RAN, WDS, hostile_index, hostile_model_files
 
 CLIENT = {"X-Trainforge-Client": "test"}
 QUICK = ["train.max_steps=2", "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_every_steps=2",
@@ -82,25 +80,7 @@ def refused(r: httpx.Response, *words: str) -> str:
 def root(tmp_path_factory) -> dict[str, Path]:
     """The data root and what lies under it: the hostile folders and files, and data for them."""
     data = tmp_path_factory.mktemp("root").resolve()
-    files = {"data": data, "marker": data.parent / "evil-ran", "pwned": data.parent / "pickle-ran"}
-    files["text"] = data / "docs.txt"
-    files["text"].write_text("\n".join(corpus(300)))
-    good = save_tiny_llama(data / "good")
-    files["remote"] = save_remote_code_model(data / "remote", files["marker"])
-    pickled = shutil.copytree(good, data / "pickled")
-    (pickled / "model.safetensors").unlink()
-    pickle_payload_bin(pickled / "pytorch_model.bin", files["pwned"])
-    files["pickled"] = pickled
-    truncated = shutil.copytree(good, data / "truncated")
-    body = (truncated / "model.safetensors").read_bytes()
-    (truncated / "model.safetensors").write_bytes(body[: len(body) // 2])
-    files["truncated"] = truncated
-    files["short"] = save_tiny_llama(data / "short", chat_template=CHAT_TEMPLATE, max_position_embeddings=128)
-    files["chats"] = data / "chats.jsonl"
-    files["chats"].write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
-                                                               {"role": "assistant", "content": f"answer {i}"}]}) + "\n"
-                                      for i in range(40)))
-    return files
+    return {**hostile_model_files(data, data.parent / "evil-ran", data.parent / "pickle-ran"), "data": data}
 
 
 def lm(root: dict, model: Path, *extra: str) -> list[str]:
