@@ -1,0 +1,68 @@
+"""Every shipped recipe at a fixed seed: its first 20 training losses and its eval.json, against the table stored
+beside this file (fixed_seed_table.json). Issue 41 moves classification, language modelling and chat onto one task
+interface "with behaviour unchanged"; this table, written by the code before that change, is what unchanged means
+(to 1e-6). Each recipe runs scaled down as test_recipes_run.py runs it (tiny local stand-ins for hub models),
+deterministically, on one thread.
+
+    .venv/bin/python -m pytest tests/e2e/test_fixed_seed_table.py                         # compare
+    TRAINFORGE_WRITE_TABLE=1 .venv/bin/python -m pytest tests/e2e/test_fixed_seed_table.py # rewrite: only for a
+                                                                                          # change meant to alter it
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+import trainforge
+from test_recipes_run import ON_FILES, SCALE_DOWN, files  # noqa: F401  (files: the fixture of the local stand-ins)
+from trainforge.config import builtin_recipes
+from trainforge.metrics_file import read_metrics
+
+TABLE = Path(__file__).with_name("fixed_seed_table.json")
+STEPS = 20
+TOLERANCE = 1e-6
+FIXED = [f"train.max_steps={STEPS}", f"train.eval_every_steps={STEPS}", f"train.checkpoint_every_steps={STEPS}",
+         "train.log_every_steps=1", "train.deterministic=true", "train.num_threads=1", "train.device=cpu",
+         "train.early_stopping=null", "data.num_workers=0", "log.progress=false", "log.tensorboard=false",
+         "log.report=false", "seed=0"]
+
+
+def recipe_run(name: str, stand_ins: dict, run_dir: Path) -> dict:
+    """The recipe's first STEPS training losses and its eval.json, run in this process."""
+    overrides = ON_FILES[name](stand_ins) if name in ON_FILES else SCALE_DOWN[name]
+    trainforge.train(trainforge.load_config(name, [*overrides, *FIXED]), run_dir=run_dir)
+    losses = [r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["split"] == "train"]
+    evaluated = json.loads((run_dir / "eval.json").read_text())
+    return {"losses": losses[:STEPS], "eval": {k: v for k, v in evaluated.items() if isinstance(v, (int, float))}}
+
+
+def close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=TOLERANCE, abs_tol=TOLERANCE) or (math.isnan(a) and math.isnan(b))
+
+
+def test_the_table_holds_every_shipped_recipe():
+    if os.environ.get("TRAINFORGE_WRITE_TABLE"):
+        pytest.skip("writing the table")
+    assert set(json.loads(TABLE.read_text())) == set(builtin_recipes())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(builtin_recipes()))
+def test_a_recipe_trains_and_evaluates_as_the_table_says(name, files, tmp_path):  # noqa: F811
+    got = recipe_run(name, files, tmp_path / "run")
+    assert len(got["losses"]) == STEPS
+    if os.environ.get("TRAINFORGE_WRITE_TABLE"):
+        table = json.loads(TABLE.read_text()) if TABLE.exists() else {}
+        table[name] = got
+        TABLE.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+        return
+    want = json.loads(TABLE.read_text())[name]
+    diverged = [(i, a, b) for i, (a, b) in enumerate(zip(got["losses"], want["losses"])) if not close(a, b)]
+    assert not diverged, f"{name}: first losses that differ (step index, now, table): {diverged[:3]}"
+    assert set(got["eval"]) == set(want["eval"]), (got["eval"], want["eval"])
+    differ = {k: (got["eval"][k], want["eval"][k]) for k in want["eval"] if not close(got["eval"][k], want["eval"][k])}
+    assert not differ, f"{name}: eval.json differs (now, table): {differ}"
