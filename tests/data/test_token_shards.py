@@ -183,3 +183,25 @@ def test_data_prepare_refuses_what_it_cannot_prepare(tmp_path):
     bad = cli("data", "prepare", "charlm_gpt", "data.args.corpus=null", f"data.path={tmp_path / 'nothing'}")
     _, stderr = bad.communicate(timeout=120)
     assert bad.returncode == 2 and "data.path:" in stderr and "Traceback" not in stderr
+
+
+def test_an_index_naming_another_dtype_or_a_file_elsewhere_is_not_read(tmp_path):
+    """Issue 40: a token shard index is read only as trainforge writes it: an unsigned integer dtype it chooses
+    (never object or float), and shard files of its own directory."""
+    import json as json_module
+
+    import numpy as np
+
+    from trainforge.data.formats.token_shards import INDEX_FILE, read_index
+
+    (tmp_path / "shard-00000.bin").write_bytes(np.arange(8, dtype=np.uint16).tobytes())
+    good = {"format": "trainforge-tokens", "dtype": "<u2", "tokens": 8, "shards": [{"file": "shard-00000.bin",
+            "tokens": 8}], "corpus_bytes": 1, "corpus_files": 1, "documents": 1, "tokenizer": {}, "prepared_s": 0.1}
+    from trainforge.data.formats import token_shards
+
+    good["format"] = token_shards.FORMAT
+    (tmp_path / INDEX_FILE).write_text(json_module.dumps(good))
+    assert read_index(tmp_path) is not None
+    for bad in ({"dtype": "|O"}, {"dtype": "<f2"}, {"shards": [{"file": "../shard-00000.bin", "tokens": 8}]}):
+        (tmp_path / INDEX_FILE).write_text(json_module.dumps({**good, **bad}))
+        assert read_index(tmp_path) is None, bad

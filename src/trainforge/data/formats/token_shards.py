@@ -63,11 +63,14 @@ PROGRESS_EVERY_S = 5.0
 Progress = Callable[[str], None]
 
 
+TOKEN_DTYPES = tuple(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32))  # what token_dtype chooses from
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned integer that holds every id of the vocabulary."""
-    for dtype in (np.uint8, np.uint16, np.uint32):
+    for dtype in TOKEN_DTYPES:
         if vocab_size <= np.iinfo(dtype).max + 1:
-            return np.dtype(dtype)
+            return dtype
     raise UserError(f"data.tokenizer: a vocabulary of {vocab_size:,} ids does not fit token shards (at most 2**32)")
 
 
@@ -344,6 +347,11 @@ def read_index(directory: Path) -> Optional[ShardIndex]:
                            [int(s["tokens"]) for s in doc["shards"]], int(doc["corpus_bytes"]),
                            int(doc["corpus_files"]), int(doc["documents"]), dict(doc["tokenizer"]),
                            float(doc["prepared_s"]), reused=True)
+        if np.dtype(index.dtype) not in TOKEN_DTYPES:  # only what token_dtype writes: never objects, never floats
+            return None
+        if any(not isinstance(name, str) or Path(name).name != name or name in ("", ".", "..")
+               for name in index.shard_files):  # files of this directory, as write_shards names them
+            return None
         itemsize = np.dtype(index.dtype).itemsize
         for name, n in zip(index.shard_files, index.shard_tokens):
             if (directory / name).stat().st_size != n * itemsize:
