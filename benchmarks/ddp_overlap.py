@@ -115,7 +115,9 @@ def worker(rank: int, port: int, out_dir: str, cfg: dict[str, Any]) -> None:
     device = torch.device("cuda", rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0)
+    # a client of the store whose server the parent process holds until both ranks have exited: no rank can lose
+    # the server while it shuts down
+    store = dist.TCPStore("127.0.0.1", port, 2, False)
     dist.init_process_group("nccl" if use_cuda else "gloo", store=store, rank=rank, world_size=2)
     env = DistEnv(rank=rank, local_rank=rank, world_size=2, backend=dist.get_backend())
     model = build(cfg["width"], cfg["depth"], device)
@@ -133,12 +135,6 @@ def worker(rank: int, port: int, out_dir: str, cfg: dict[str, Any]) -> None:
         Path(out_dir, "rank0.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
-    # The store's server lives in rank 0: it leaves only once rank 1 is done with the store, or rank 1's store
-    # client may lose its server mid-shutdown and abort ("terminate called without an active exception").
-    if rank == 1:
-        store.set("left/1", "1")
-    else:
-        store.wait(["left/1"], datetime.timedelta(seconds=60))
 
 
 def free_port() -> int:
@@ -154,9 +150,16 @@ def measure(*, steps: int = 20, warmup: int = 3, repeats: int = 3, width: int = 
         raise SystemExit("--device cuda needs 2 GPUs (one per process, NCCL); use --device cpu")
     cfg = dict(steps=steps, warmup=warmup, repeats=repeats, width=width, depth=depth, batch=batch, threads=threads,
                device=device)
-    with tempfile.TemporaryDirectory(prefix="ddp-overlap-") as tmp:
-        mp.start_processes(worker, args=(free_port(), tmp, cfg), nprocs=2, start_method="spawn")
-        raw = json.loads(Path(tmp, "rank0.json").read_text())
+    port = free_port()
+    # the store's server lives here, not in rank 0: a rank's store client that outlives its server mid-shutdown
+    # aborts ("terminate called without an active exception"), which failed CI twice
+    server = dist.TCPStore("127.0.0.1", port, 2, True, wait_for_workers=False)
+    try:
+        with tempfile.TemporaryDirectory(prefix="ddp-overlap-") as tmp:
+            mp.start_processes(worker, args=(port, tmp, cfg), nprocs=2, start_method="spawn")
+            raw = json.loads(Path(tmp, "rank0.json").read_text())
+    finally:
+        del server
     summary: dict[str, Any] = {}
     for mode in MODES:
         times = [t for run in raw[mode] for t in run["times_s"]]
