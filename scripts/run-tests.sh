@@ -20,10 +20,7 @@ fi
 reports="$(mktemp -d -t trainforge-tests.XXXXXX)"
 trap 'rm -rf "$reports"' EXIT
 echo "== the tests not marked serial, on $WORKERS workers" >&2
-# one intra-op thread per worker (and per process a test starts): the workers share the cores between them instead
-# of each test's torch threads contending for all of them
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
-  "$PY" -m pytest -n "$WORKERS" --dist loadscope -m "not serial" --durations=15 --junit-xml="$reports/parallel.xml" "$@"
+"$PY" -m pytest -n "$WORKERS" --dist loadscope -m "not serial" --durations=15 --junit-xml="$reports/parallel.xml" "$@"
 parallel=$?
 echo "== the serial tests, one at a time" >&2
 "$PY" -m pytest -p no:xdist -m serial --durations=15 --junit-xml="$reports/serial.xml" "$@"
