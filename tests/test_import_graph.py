@@ -194,6 +194,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]
 LAYERS = [
     ("foundations", {"errors", "files", "registry", "imports", "metrics_file", "integrity", "console", "config",
                      "hardware", "confine", "hub", "layout"}),
+    ("tasks", {"tasks"}),
     ("data and models", {"data", "models"}),
     ("engine", {"engine"}),
     ("estimation and reports", {"planning", "report"}),

@@ -1,7 +1,8 @@
-"""Where the code branches on a task's name (issue 41): a comparison of something named like a task with a task name
-(`info.task == "lm"`, `doc.get("task") in ("lm", ...)`), or an `is_lm`-style flag. Issue 41 moves every one of them
-into a task registry; until it is done, this test holds the line: no file may gain a branch, the known ones are
-listed by file, and the list only shrinks (a file that loses one must have its count lowered here)."""
+"""No branch on a task's name outside the task registry (issue 41, point 5): a comparison of something named like a
+task with a task name (`info.task == "lm"`, `doc.get("task") in ("lm", ...)`), or an `is_lm`-style flag, anywhere in
+src/trainforge but src/trainforge/tasks/. What differs between tasks is asked of the task (`task_of(info).loss`,
+`.generates`, `.ordered_splits`, ...); a model family or a data source that serves only some tasks declares them as
+data (`DataFit(..., tasks=...)`, a table keyed by task name), never by comparing."""
 from __future__ import annotations
 
 import ast
@@ -9,16 +10,9 @@ import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainforge"
+REGISTRY = "tasks"  # the one folder where a task may be named in a branch
 TASK_NAMES = {"classification", "lm", "chat"}
 FLAG = re.compile(r"^_?is_(lm|classification|chat|text_classification|language_model)$")
-
-# the 28 branches of issue 41's review, by file: each moves into the task registry
-KNOWN = {
-    "compression/bench.py": 1, "compression/predict.py": 1, "compression/render.py": 3, "data/pipeline.py": 3,
-    "data/sources/synthetic.py": 1, "engine/losses.py": 1, "models/hf.py": 8, "models/zoo.py": 2,
-    "planning/kernels.py": 1, "planning/simulate.py": 2, "tracking/mlflow_run.py": 1, "training/evaluate.py": 2,
-    "training/generate.py": 1, "training/run.py": 1,
-}
 
 
 def _names_a_task(node: ast.AST) -> bool:
@@ -52,19 +46,24 @@ def task_branches(tree: ast.AST) -> list[int]:
 def branches_by_file() -> dict[str, list[int]]:
     found = {}
     for path in sorted(SRC.rglob("*.py")):
+        if path.relative_to(SRC).parts[0] == REGISTRY:
+            continue
         lines = task_branches(ast.parse(path.read_text(encoding="utf-8")))
         if lines:
             found[str(path.relative_to(SRC))] = lines
     return found
 
 
-def test_no_file_gains_a_task_branch_and_the_known_ones_only_go():
+def test_no_task_branch_outside_the_task_registry():
     found = branches_by_file()
-    grown = {f: (len(lines), KNOWN.get(f, 0), lines) for f, lines in found.items() if len(lines) > KNOWN.get(f, 0)}
-    assert not grown, ("task branches added (move them into the task, issue 41): "
-                       + "; ".join(f"{f}: {n} > {k} at lines {lines}" for f, (n, k, lines) in grown.items()))
-    shrunk = {f: (len(found.get(f, [])), k) for f, k in KNOWN.items() if len(found.get(f, [])) < k}
-    assert not shrunk, f"branches moved out (good): lower KNOWN to match: {shrunk}"
+    assert not found, ("task branches outside trainforge/tasks (ask the task instead): "
+                       + "; ".join(f"{f} at lines {lines}" for f, lines in found.items()))
+
+
+def test_the_shipped_tasks_are_in_the_registry():
+    from trainforge.tasks import TASKS
+
+    assert {"classification", "lm"} <= set(TASKS.names())
 
 
 def test_the_branch_check_sees_a_planted_branch():

@@ -11,7 +11,6 @@ shared machine; the table shows both.
 """
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -19,6 +18,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from trainforge.compression.artifact import INPUT_NAME
+from trainforge.tasks import TASKS
 
 BENCH_BATCHES = (1, 32)  # the batch sizes every variant is timed at (table columns b1, b32)
 
@@ -72,15 +72,8 @@ def predict_all(session: Any, inputs: np.ndarray, batch_size: int = 256) -> np.n
 
 
 def task_metrics(logits: np.ndarray, labels: np.ndarray, task: str) -> dict[str, Optional[float]]:
-    """accuracy (classification) or perplexity (lm), plus the mean cross-entropy, from logits in numpy."""
-    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
-    y = labels.reshape(-1)
-    shifted = flat - flat.max(axis=1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-    loss = float(-log_probs[np.arange(len(y)), y].mean())
-    if task == "lm":
-        return {"accuracy": None, "perplexity": math.exp(min(loss, 50.0)), "loss": loss}
-    return {"accuracy": float((flat.argmax(axis=1) == y).mean()), "loss": loss}
+    """The task's quality columns (accuracy, or perplexity), plus the mean cross-entropy, from logits in numpy."""
+    return TASKS.get(task).score_logits(logits, labels)
 
 
 def variant_row(name: str, path: Path, runtime: str, params: int, flops: int, logits: np.ndarray, labels: np.ndarray,

@@ -28,6 +28,7 @@ from trainforge.compression.serving import READERS, STDIN, Sample, require_files
 from trainforge.errors import UserError
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
 from trainforge.layout import COMPRESS_RECORD
+from trainforge.tasks import TASKS
 
 RECORD_FILE = COMPRESS_RECORD
 UNVERIFIABLE = f"{NO_VERIFY}, or re-run `trainforge compress`"
@@ -181,11 +182,11 @@ def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify:
             f"ARTIFACT: {file} has inputs {inputs} and outputs {outputs}; a trainforge artifact has "
             f"{INPUT_NAME!r} -> {OUTPUT_NAME!r}: re-export it with `trainforge compress`"
         )
-    if meta.get("task") != "classification":
-        raise UserError(
-            f"ARTIFACT: predict serves classification models; {file} is a {meta.get('task')!r} model "
-            "(a language model: sample from it with the checkpoint instead)"
-        )
+    task = TASKS.get(meta["task"]) if meta.get("task") in TASKS else None
+    if task is None or task.predict_refusal is not None:
+        served = ", ".join(n for n in TASKS.names() if TASKS.get(n).predict_refusal is None)
+        raise UserError(f"ARTIFACT: predict serves {served} models; {file} is a {meta.get('task')!r} model"
+                        + (f" ({task.predict_refusal})" if task is not None else ""))
     if meta.get("modality") not in READERS or meta.get("input_dtype") not in DTYPES:
         raise UserError(
             f"ARTIFACT: {file} takes {meta.get('modality')!r} inputs of {meta.get('input_dtype')!r}; "

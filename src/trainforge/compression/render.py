@@ -11,6 +11,8 @@ from typing import Any, Optional
 from rich import box
 from rich.table import Table
 
+from trainforge.tasks import TASKS
+
 COLUMNS = ("variant", "params", "FLOPs", "size", "x smaller", "b1 ms (p90)", "b32 ms (p90)", "b32 /s",
            "speedup b32", "metric", "Δ pt")
 
@@ -21,7 +23,7 @@ SLOWER = " slower"
 
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
-    metric = "perplexity" if doc.get("task") == "lm" else "accuracy"
+    metric = TASKS.get(doc["task"]).quality[0]
     for v in doc["variants"]:
         lat, p90 = v["latency_ms"], v["latency_p90_ms"]
         value: Optional[float] = v.get(metric)
@@ -49,7 +51,7 @@ def rich_table(doc: dict[str, Any]) -> Table:
     """The terminal's narrower table (p90, FLOPs and throughput are in compress.json and report.html)."""
     table = Table(title=f"compression ({doc['threads']} CPU thread(s); metric on {doc['test_samples']} test samples)",
                   box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
-    metric = "ppl" if doc.get("task") == "lm" else "acc"
+    metric = TASKS.get(doc["task"]).quality[1]
     for i, name in enumerate(TERMINAL_COLUMNS):
         table.add_column(metric if name == "metric" else name, justify="left" if i == 0 else "right", no_wrap=True)
     for r in rows(doc):
@@ -64,7 +66,7 @@ def recommendation_line(doc: dict[str, Any]) -> str:
 
 
 def report_section(doc: dict[str, Any]) -> str:
-    metric = "perplexity" if doc.get("task") == "lm" else "test accuracy"
+    metric = TASKS.get(doc["task"]).quality[2]
     head = "".join(f"<th>{escape(metric if c == 'metric' else c)}</th>" for c in COLUMNS)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r[:len(COLUMNS)]) + "</tr>" for r in rows(doc))
     notes = [f"Latency: onnxruntime on the CPU with {doc['threads']} thread(s), median (p90) of repeated runs; "

@@ -6,7 +6,7 @@ from typing import Any, Callable, Literal, Optional
 
 from torch.utils.data import Dataset
 
-Task = Literal["classification", "lm"]
+Task = str  # a task registered in trainforge.tasks.TASKS
 Modality = Literal["image", "tabular", "text"]
 
 

@@ -30,6 +30,7 @@ from trainforge.data.stages.loader import ShardOrder
 from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
 from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
 from trainforge.errors import UserError
+from trainforge.tasks import task_of
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
 STATS_CHUNK = 256
@@ -172,11 +173,11 @@ def choose_augment(
     if info.modality == "image":
         _warn_ignored(text_ops, "token augmentation applies to text classification, this data is images")
         return build_augment(cfg, channels=info.input_shape[0], value_range=value_range)
-    if info.modality == "text" and info.task == "classification":
+    if info.modality == "text" and task_of(info).token_augmentation:
         _warn_ignored(image_ops, "image augmentation does not apply to text; use data.augment.token_*")
         return build_text_augment(cfg, info.pad_id)
-    what = "language modelling" if info.task == "lm" else f"{info.modality} data"
-    _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not {what}")
+    _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not "
+                                        f"{info.modality} data for {info.task}")
     return None
 
 
@@ -192,7 +193,7 @@ def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
         return pool.splits, "prepared"
     if pool.test_indices is not None:
         return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
-    if pool.info.task == "lm" and pool.samples.contiguous:
+    if task_of(pool.info).ordered_splits and pool.samples.contiguous:
         return contiguous_split(n, cfg.val_fraction, cfg.test_fraction), "contiguous"
     return random_split(pool.labels, n, cfg.val_fraction, cfg.test_fraction, seed)
 

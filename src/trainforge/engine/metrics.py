@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
 import torch
 
 from trainforge.errors import UserError
@@ -30,101 +29,18 @@ from trainforge.hardware.device import peak_memory_bytes, synchronize
 # json_safe and read_metrics live below training (report and console read the file too); re-exported
 from trainforge.metrics_file import json_safe, read_metrics  # noqa: F401
 
-REPORTED = {"classification": ("loss", "accuracy", "macro_f1"), "lm": ("loss", "perplexity")}  # per task
+# the metric math is the tasks' (trainforge.tasks); re-exported for the callers that score outside a run
+from trainforge.tasks import TASKS, task_of  # noqa: E402,F401
+from trainforge.tasks.classification import (classification_metrics, confusion_counts,  # noqa: E402,F401
+                                             per_class_scores)
+from trainforge.tasks.lm import lm_metrics  # noqa: E402,F401
+
+REPORTED = {name: TASKS.get(name).metrics for name in TASKS.names()}  # what evaluation reports, per task
 
 
 def check_metric(name: str, task: str, field: str) -> None:
     """`name` is a metric evaluation reports for `task`, else UserError naming `field`."""
-    if name not in REPORTED[task]:
-        raise UserError(f"{field}: {name!r} is not reported for {task}; choose one of {', '.join(REPORTED[task])}")
-
-# exp(709.78) is the largest finite float64; beyond it perplexity is reported as inf.
-_MAX_EXP_ARG = math.log(np.finfo(np.float64).max)
-
-
-# ---------------------------------------------------------------- pure metric math
-
-
-def confusion_counts(y_true: np.ndarray, y_pred: np.ndarray, num_classes: int) -> np.ndarray:
-    """(num_classes, num_classes) int64 counts: rows the true class, columns the predicted one."""
-    flat = y_true.astype(np.int64) * num_classes + y_pred.astype(np.int64)
-    return np.bincount(flat, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
-
-
-def per_class_scores(cm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(precision, recall, f1, support) per class from a confusion matrix; an undefined ratio is 0.
-
-    The same numbers as scikit-learn's `precision_recall_fscore_support(..., zero_division=0)`
-    (tests/training/test_metrics.py compares them); computed here because importing scikit-learn costs
-    every training process about 1.2 s at its first evaluation.
-    """
-    tp = np.diag(cm).astype(np.float64)
-    predicted, support = cm.sum(axis=0), cm.sum(axis=1)
-    precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
-    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
-    both = (predicted + support).astype(np.float64)  # 2tp + fp + fn
-    f1 = np.divide(2 * tp, both, out=np.zeros_like(tp), where=both > 0)
-    return precision, recall, f1, support.astype(np.int64)
-
-
-def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, class_names: Sequence[str]) -> dict:
-    """Accuracy, macro-F1, per-class precision/recall/F1/support and the confusion matrix.
-
-    `y_true` and `y_pred` are integer class indices into `class_names`. The confusion matrix has
-    rows = true class, columns = predicted class, and covers every class even if it is absent.
-    macro_f1 averages over the classes that occur in y_true or y_pred (scikit-learn's default), so
-    a small split that happens to lack a class is not scored 0 for it; per_class lists all classes.
-    Undefined ratios (no predictions or no samples of a class) are 0; an empty split gives NaN.
-    """
-    names = [str(n) for n in class_names]
-    assert len(set(names)) == len(names), f"class names must be unique: {names}"
-    y_true = np.asarray(y_true).reshape(-1)
-    y_pred = np.asarray(y_pred).reshape(-1)
-    assert y_true.shape == y_pred.shape, f"y_true {y_true.shape} and y_pred {y_pred.shape} differ"
-    num_classes = len(names)
-    for label, arr in (("label", y_true), ("prediction", y_pred)):
-        if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
-            raise UserError(
-                f"{label} {int(arr.min() if arr.min() < 0 else arr.max())} is outside 0..{num_classes - 1}; "
-                f"the data's labels must index its {num_classes} class names"
-            )
-
-    if y_true.size == 0:
-        cm = np.zeros((num_classes, num_classes), dtype=np.int64)
-        precision = recall = f1 = np.zeros(num_classes)
-        support = np.zeros(num_classes, dtype=np.int64)
-        accuracy = macro_f1 = float("nan")
-    else:
-        cm = confusion_counts(y_true, y_pred, num_classes)
-        precision, recall, f1, support = per_class_scores(cm)
-        accuracy = float(np.mean(y_true == y_pred))
-        present = np.union1d(np.unique(y_true), np.unique(y_pred))
-        macro_f1 = float(np.mean(f1[present]))
-
-    per_class = {
-        name: {
-            "precision": float(precision[i]),
-            "recall": float(recall[i]),
-            "f1": float(f1[i]),
-            "support": int(support[i]),
-        }
-        for i, name in enumerate(names)
-    }
-    return {
-        "accuracy": accuracy,
-        "macro_f1": macro_f1,
-        "per_class": per_class,
-        "confusion_matrix": [[int(v) for v in row] for row in cm],
-        "class_names": names,  # the report labels the confusion matrix with these
-    }
-
-
-def lm_metrics(mean_loss_nats: float) -> dict:
-    """Perplexity = exp(mean token cross-entropy in nats); inf instead of an OverflowError."""
-    loss = float(mean_loss_nats)
-    if math.isnan(loss):
-        return {"perplexity": float("nan")}
-    return {"perplexity": math.exp(loss) if loss < _MAX_EXP_ARG else float("inf")}
+    TASKS.get(task).check_metric(name, field)
 
 
 # ---------------------------------------------------------------- the metrics log

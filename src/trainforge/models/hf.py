@@ -25,6 +25,7 @@ classification the attention mask marks the padding id (the data's: 0 for the by
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -44,11 +45,34 @@ FIELD = "model.args.pretrained"
 NATIVE_FOLDER = "hf"  # final/hf/: save_pretrained, loadable by transformers in any other project
 ADAPTER_FOLDER = ADAPTER  # final/adapter/: a LoRA run's adapters, loadable by PEFT
 
+
+
+@dataclass(frozen=True)
+class Head:
+    """The transformers Auto class a task's model is built with, and what it is told of the data."""
+
+    auto_class: str
+    labels: bool = False  # told the data's classes (num_labels, id2label)
+    pads: bool = False  # masks the data's padding id (text classification finds each sequence's last token by it)
+    causal: bool = False  # next-token logits (token ids, or ids and restarting position ids stacked)
+
+
+# (task, input dtype, input dims or None for any) -> the head: the tasks the hf family serves
+HEADS = {
+    ("lm", "int64", None): Head("AutoModelForCausalLM", causal=True),
+    ("classification", "int64", 1): Head("AutoModelForSequenceClassification", labels=True, pads=True),
+    ("classification", "float32", 3): Head("AutoModelForImageClassification", labels=True),
+}
+
+
+def head_for(info: DataInfo) -> Optional[Head]:
+    return HEADS.get((info.task, info.input_dtype, None)) or HEADS.get((info.task, info.input_dtype,
+                                                                         len(info.input_shape)))
+
+
 HF_DATA = DataFit(
     "text classification (int64 tokens), image classification (float C,H,W) or language modelling",
-    lambda info: (info.task == "lm" and info.input_dtype == "int64")
-    or (info.task == "classification" and info.input_dtype == "int64" and len(info.input_shape) == 1)
-    or (info.task == "classification" and info.input_dtype == "float32" and len(info.input_shape) == 3),
+    lambda info: head_for(info) is not None, tuple(sorted({task for task, _, _ in HEADS})),
 )
 
 
@@ -135,9 +159,8 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
     run that code (off: such a model is one line saying so; on: one warning naming the files)."""
     if not isinstance(trust_remote_code, bool):
         raise UserError("model.args.trust_remote_code: true or false")
-    # heavy (transformers, ~3 s): only hf models load it
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageClassification,
-                              AutoModelForSequenceClassification)
+    import transformers  # heavy (~3 s): only hf models load it
+    from transformers import AutoConfig
 
     if pretrained is True:
         raise UserError("model.args.pretrained: name the weights (a hub id or a local directory), or false with "
@@ -149,10 +172,10 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
         raise UserError("model.args.config: required with model.args.pretrained: false (a hub id, a directory or "
                         "{model_type: ..., ...}); or name pretrained weights in model.args.pretrained")
     images = info.input_dtype == "float32"
-    auto = AutoModelForCausalLM if info.task == "lm" else (
-        AutoModelForImageClassification if images else AutoModelForSequenceClassification)
+    head_of_task = head_for(info)
+    auto = getattr(transformers, head_of_task.auto_class)
     head: dict[str, Any] = {}
-    if info.task == "classification":
+    if head_of_task.labels:
         names = list(info.class_names) or [str(i) for i in range(info.num_classes)]
         head = dict(num_labels=info.num_classes, id2label=dict(enumerate(names)),
                     label2id={n: i for i, n in enumerate(names)})
@@ -168,7 +191,7 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
     # the data's padding id (its tokenizer's) wins over the model config's: the model must mask what the data pads
     pad = next((p for p in (pad_token_id, info.pad_id, getattr(hf_config, "pad_token_id", None)) if p is not None),
                None)
-    if info.task == "classification" and not images:
+    if head_of_task.pads:
         pad = 0 if pad is None else pad
         hf_config.pad_token_id = pad  # sequence classifiers find each sequence's last token by it
     if source is None and info.vocab_size and getattr(hf_config, "vocab_size", None) is None:
@@ -183,8 +206,8 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
                 auto.from_pretrained, source, "weights", field=FIELD, config=hf_config, ignore_mismatched_sizes=True,
                 trust_remote_code=trust, output_loading_info=True), source, FIELD)
             _check_weights_fit(model, loading, source)
-    return (HFModel(model, pad_token_id=None if info.task == "lm" or images else pad, images=images,
-                    causal=info.task == "lm"), input_spec(info))
+    return (HFModel(model, pad_token_id=pad if head_of_task.pads else None, images=images,
+                    causal=head_of_task.causal), input_spec(info))
 
 
 def _config(config: Union[str, dict], auto_config, trust_remote_code: bool) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -29,32 +29,34 @@ MODELS: Registry[Factory] = Registry("model", "model.name")
 
 @dataclass(frozen=True)
 class DataFit:
-    """Which data a model suits: `needs` is said in error messages, `accepts` decides."""
+    """Which data a model suits: `needs` is said in error messages; `tasks` are the tasks (trainforge.tasks) the
+    family serves, None for any; `accepts` decides on the inputs."""
 
     needs: str
     accepts: Callable[[DataInfo], bool]
+    tasks: Optional[tuple[str, ...]] = None
+
+    def fits(self, info: DataInfo) -> bool:
+        return (self.tasks is None or info.task in self.tasks) and self.accepts(info)
 
 
-def _classification(info: DataInfo) -> bool:
-    return info.task == "classification"
-
-
+CLASSIFICATION = ("classification",)
 ANY_DATA = DataFit("any data", lambda info: True)
 FLOAT_CLASSIFICATION = DataFit(
     "classification of float inputs (images or tabular)",
-    lambda info: _classification(info) and info.input_dtype == "float32",
+    lambda info: info.input_dtype == "float32", CLASSIFICATION,
 )
 IMAGE_CLASSIFICATION = DataFit(
     "image classification (float C,H,W inputs)",
-    lambda info: _classification(info) and info.input_dtype == "float32" and len(info.input_shape) == 3,
+    lambda info: info.input_dtype == "float32" and len(info.input_shape) == 3, CLASSIFICATION,
 )
 TOKEN_CLASSIFICATION = DataFit(
     "text classification (int64 token inputs)",
-    lambda info: _classification(info) and info.input_dtype == "int64" and len(info.input_shape) == 1,
+    lambda info: info.input_dtype == "int64" and len(info.input_shape) == 1, CLASSIFICATION,
 )
 LANGUAGE_MODELLING = DataFit(
     "language modelling (task lm, int64 token inputs)",
-    lambda info: info.task == "lm" and info.input_dtype == "int64" and len(info.input_shape) == 1,
+    lambda info: info.input_dtype == "int64" and len(info.input_shape) == 1, ("lm",),
 )
 
 _FITS: dict[str, DataFit] = {}
@@ -70,7 +72,7 @@ def register_model(name: str, fits: DataFit) -> Callable[[Factory], Factory]:
 
 
 def models_that_fit(info: DataInfo) -> list[str]:
-    return [name for name in MODELS.names() if _FITS[name].accepts(info)]
+    return [name for name in MODELS.names() if _FITS[name].fits(info)]
 
 
 def input_spec(info: DataInfo) -> InputSpec:
@@ -108,7 +110,7 @@ def build_model(cfg: ModelConfig, info: DataInfo) -> tuple[nn.Module, InputSpec]
             "set model.name: custom or remove model.target"
         )
     fit = _FITS[cfg.name]
-    if not fit.accepts(info):
+    if not fit.fits(info):
         shape = "x".join(map(str, info.input_shape))
         raise UserError(
             f"model.name: {cfg.name} needs {fit.needs}, but the data is {info.modality} {info.task} "

@@ -10,6 +10,7 @@ from trainforge.data.base import DataInfo
 from trainforge.planning.fake_model import build_fake_model
 from trainforge.engine.losses import task_loss
 from trainforge.engine.precision import autocast
+from trainforge.tasks import task_of
 
 # Ops that only create views or read metadata launch no kernel.
 _FREE = {"detach", "view", "_unsafe_view", "alias", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
@@ -34,7 +35,7 @@ def kernels_per_micro_batch(model_cfg: ModelConfig, info: DataInfo, micro_batch_
     with FakeTensorMode():
         model, spec = build_fake_model(model_cfg, info)
         x = spec.example(micro_batch_size)
-        y = torch.zeros((micro_batch_size, *(() if info.task == "classification" else (info.seq_len,))), dtype=torch.long)
+        y = task_of(info).example_target(info, micro_batch_size)
         counter = _KernelCounter()
         with counter:
             with autocast(torch.device("cpu"), precision):

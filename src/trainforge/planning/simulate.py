@@ -46,6 +46,7 @@ from trainforge.planning.flops import count_flops
 from trainforge.engine.losses import task_loss
 from trainforge.engine.optim import build_optimizer, freeze
 from trainforge.engine.precision import DTYPES, autocast
+from trainforge.tasks import task_of
 
 if TYPE_CHECKING:  # imported where a simulation starts (`_measure`, `_process_group`): about 1.8 s together
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -424,16 +425,12 @@ def _per_sample(flops: tuple[float, float], micro_batch_size: int) -> tuple[floa
 
 
 def _targets(info: DataInfo, batch_size: int) -> torch.Tensor:
-    """Class ids (B,) or next-token ids (B, T): the loss's memory does not depend on their values. (Chat inputs are
-    (B, 2, T), token and position ids; their targets (B, T).)"""
-    shape = (batch_size, info.input_shape[-1]) if info.task == "lm" else (batch_size,)
-    return torch.zeros(shape, dtype=torch.long)
+    """The task's example targets: the loss's memory does not depend on their values."""
+    return task_of(info).example_target(info, batch_size)
 
 
 def _tokens_per_sample(info: DataInfo) -> int:
-    if info.input_dtype == "int64" and (len(info.input_shape) == 1 or info.task == "lm"):  # chat: (2, T)
-        return int(info.seq_len or info.input_shape[-1])
-    return 1
+    return task_of(info).tokens_per_sample(info)
 
 
 def _param_stats(model: nn.Module) -> tuple[int, int]:

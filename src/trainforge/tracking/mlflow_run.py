@@ -44,6 +44,7 @@ from trainforge.files import write_text_atomic
 from trainforge.metrics_file import read_metrics
 from trainforge.layout import (CHECKPOINTS, COMPRESS_RECORD, COMPRESSED, CONFIG, DATA_REPORT, EVAL, FINAL, LATEST, MANIFEST,
                                META, METRICS, MLFLOW_STATE, REPORT, step_of)
+from trainforge.tasks import TASKS
 
 STATE_FILE = MLFLOW_STATE
 ARTIFACTS = (CONFIG, DATA_REPORT, EVAL, REPORT)
@@ -404,7 +405,7 @@ def signature(data_info: dict[str, Any]) -> Any:
     shape = tuple(int(d) for d in data_info["input_shape"])
     dtype = np.dtype(data_info.get("input_dtype", "float32"))
     classes = int(data_info["num_classes"])
-    out = (-1, classes) if data_info.get("task") == "classification" else (-1, *shape, classes)
+    out = TASKS.get(data_info["task"]).output_shape(shape, classes)
     return ModelSignature(inputs=Schema([TensorSpec(dtype, (-1, *shape))]),
                           outputs=Schema([TensorSpec(np.dtype("float32"), out)]))
 

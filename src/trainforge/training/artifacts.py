@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainforge.config import Config, config_from_yaml_text
-from trainforge.data.base import DataInfo, Modality, Task
+from trainforge.data.base import DataInfo, Modality
 from trainforge.errors import UserError, quote
 from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
 from trainforge.engine.checkpoint import (
@@ -43,6 +43,7 @@ from trainforge.models import build_model
 from trainforge.models.lora import check_base
 from trainforge.models.resize import resize_to_weights
 from trainforge.layout import CHECKPOINTS, CONFIG_TEXT, FINAL, META
+from trainforge.tasks import TASKS
 
 FORMAT = "trainforge-model/1"
 META_FILE = META
@@ -98,7 +99,7 @@ def info_from_dict(d: dict[str, Any]) -> DataInfo:
     unknown = sorted(set(d) - known, key=str)
     if unknown:
         raise BadField(f"data_info: unknown field {quote(unknown[0])}; the fields are {', '.join(sorted(known))}")
-    for field, allowed in (("task", typing.get_args(Task)), ("modality", typing.get_args(Modality)),
+    for field, allowed in (("task", tuple(TASKS.names())), ("modality", typing.get_args(Modality)),
                            ("input_dtype", ("float32", "int64"))):
         if d.get(field) not in allowed:
             raise BadField(f"data_info.{field}: expected one of {', '.join(allowed)}, got {quote(d.get(field))}")

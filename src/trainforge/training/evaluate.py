@@ -18,8 +18,8 @@ from trainforge.data.stages.loader import make_eval_loader
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained
-from trainforge.engine.losses import task_loss
-from trainforge.engine.metrics import REPORTED, check_metric, classification_metrics, lm_metrics  # noqa: F401
+from trainforge.engine.metrics import REPORTED, check_metric  # noqa: F401
+from trainforge.tasks import task_of
 from trainforge.engine.precision import autocast, resolve_precision
 
 SPLITS = ("train", "val", "test")
@@ -33,37 +33,20 @@ def evaluate_model(
     precision: str = "fp32",
     detailed: bool = True,
 ) -> dict[str, Any]:
-    """Mean loss (no label smoothing) and the task's metrics; `detailed` adds per-class report and confusion."""
+    """Mean loss (no label smoothing) and the task's metrics; `detailed` adds the task's detail (classification:
+    per-class report and confusion matrix)."""
     was_training = model.training
     model.eval()
-    total_loss, count = 0.0, 0
-    preds, targets = [], []
+    evaluation = task_of(info).evaluation(info)
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with autocast(device, precision):
             logits = model(x)
-        loss = task_loss(logits.float(), y, info.task, label_smoothing=0.0, reduction="sum")
-        total_loss += float(loss)
-        count += y.numel()
-        if info.task == "classification":
-            preds.append(logits.argmax(-1).cpu())
-            targets.append(y.cpu())
+        evaluation.add(logits.float(), y)
     model.train(was_training)
-    if count == 0:
+    if evaluation.count == 0:
         raise UserError("the evaluation split is empty; raise data.val_fraction / data.test_fraction")
-    mean_loss = total_loss / count
-    out: dict[str, Any] = {"loss": mean_loss, "num_samples": len(loader.dataset)}
-    if info.task == "lm":
-        out.update(lm_metrics(mean_loss))
-        return out
-    names = list(info.class_names) or [str(i) for i in range(info.num_classes)]
-    m = classification_metrics(torch.cat(targets).numpy(), torch.cat(preds).numpy(), names)
-    out["accuracy"], out["macro_f1"] = m["accuracy"], m["macro_f1"]
-    if detailed:
-        out["per_class"] = m["per_class"]
-        out["confusion_matrix"] = m["confusion_matrix"]
-        out["class_names"] = names
-    return out
+    return {"loss": evaluation.mean_loss, "num_samples": len(loader.dataset), **evaluation.result(detailed)}
 
 
 def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[str] = None, *,

@@ -38,6 +38,7 @@ from trainforge.hardware.device import resolve_device
 from trainforge.training.artifacts import Trained, load_trained
 from trainforge.layout import META, SAMPLES
 from trainforge.training.sampling import MAX_NEW_TOKENS, SEED, TEMPERATURE, TOP_P, check_settings  # noqa: F401
+from trainforge.tasks import task_of
 
 MODELS = ("hf", "gpt")  # model.name values generate supports
 
@@ -189,7 +190,7 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
 
 
 def check_causal_lm(trained: Trained) -> None:
-    if trained.info.task != "lm":
+    if not task_of(trained.info).generates:
         raise UserError(f"{trained.source}: generate needs a causal language model run (task: lm, e.g. "
                         f"data.source: textfile with model.name: hf); this run was trained for {trained.info.task}")
     name = trained.config.model.name

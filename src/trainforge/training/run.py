@@ -36,6 +36,7 @@ from trainforge.planning.auto import MemoryBudget, device_budget
 from trainforge.training.generate import answer_prompts, val_prompts
 from trainforge.training.loop import FitHooks, RunInputs, TrainResult, fit
 from trainforge.training.setup import OOMNote, resolve
+from trainforge.tasks import task_of
 
 
 def run(cfg: Config, run_dir: Path, resume_from: Optional[Path] = None, hooks: Optional[FitHooks] = None) -> TrainResult:
@@ -90,7 +91,7 @@ def chat_samples(cfg: Config, data: DataBundle, run_dir: Path, device: torch.dev
     prompts, appended to samples.jsonl (the report shows them); None for any other run. The loop calls it as the
     run's extra at each evaluation, and knows nothing of chat or of generation."""
     pre = data.preprocess
-    if not pre.get("chat_template") or cfg.model.name != "hf" or data.info.task != "lm":
+    if not pre.get("chat_template") or cfg.model.name != "hf" or not task_of(data.info).generates:
         return None
     prompts = val_prompts(data.val)
 

@@ -19,6 +19,7 @@ from trainforge.config import load_config, parse_override
 from trainforge.console import err
 from trainforge.errors import JobFailed, UserError
 from trainforge.files import write_text_atomic
+from trainforge.tasks import TASKS
 from trainforge.tracking.mlflow_run import finish_study, study_parent
 from trainforge.tuning.report import write_study_report
 from trainforge.tuning.results import (
@@ -33,8 +34,7 @@ from trainforge.tuning.results import (
 )
 from trainforge.tuning.space import load_space
 from trainforge.tuning.study import (
-    DEFAULT_METRIC,
-    DIRECTION_OF,
+    OPTUNA_DIRECTION,
     DIRECTIONS,
     PRUNERS,
     check_storage_url,
@@ -97,7 +97,6 @@ def tune(
     storage_url = storage or default_storage_url(out)
 
     # ---- the data (task -> default metric) and the space, checked against the config
-    from trainforge.engine.metrics import check_metric  # heavy (torch): flags are checked before it loads
     from trainforge.engine.preflight import preflight  # heavy (torch): flags are checked before it loads
     from trainforge.training.api import check_names  # heavy (torch): flags are checked before it loads
 
@@ -105,9 +104,10 @@ def tune(
     base = cfg.model_dump(mode="json")
     info = preflight(cfg, fit_stats=False, on_meta=True).data.info  # what each trial's run would refuse, now
     space_params = load_space(space, base, info)
-    metric = metric or DEFAULT_METRIC[info.task]
-    check_metric(metric, info.task, "--metric")
-    direction = direction or DIRECTION_OF[metric]
+    task = TASKS.get(info.task)
+    metric = metric or task.default_metric
+    task.check_metric(metric, "--metric")
+    direction = direction or OPTUNA_DIRECTION[task.direction(metric)]
     user_keys = {".".join(parse_override(o)[0]) for o in overrides}
     for key in space_params:
         if key in user_keys:

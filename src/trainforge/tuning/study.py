@@ -25,9 +25,8 @@ HEARTBEAT_INTERVAL_S = 10  # a running trial's process writes a heartbeat this o
 HEARTBEAT_GRACE_S = 60  # ... and is declared dead (FAIL) after this long without one
 SQLITE_TIMEOUT_S = 60  # workers share one SQLite file: wait for its lock instead of failing
 
-DEFAULT_METRIC = {"classification": "accuracy", "lm": "loss"}
-DIRECTION_OF = {"accuracy": "maximize", "macro_f1": "maximize", "loss": "minimize", "perplexity": "minimize"}
 DIRECTIONS = ("maximize", "minimize")
+OPTUNA_DIRECTION = {"max": "maximize", "min": "minimize"}  # a task's metric direction, as optuna spells it
 
 # fail_reason user attribute of a FAILed trial: a crash counts as finished, an interruption does not
 CRASHED = ("error:", "worker died:")

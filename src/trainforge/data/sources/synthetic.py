@@ -134,14 +134,26 @@ def synthetic_images(cfg: DataConfig, *, seed: int) -> Pool:
 def synthetic_text(cfg: DataConfig, *, seed: int) -> Pool:
     """Token sequences; task classification (topic tokens per class) or lm (Markov chain)."""
     a = parse_args(SyntheticTextArgs, cfg)
-    preprocess = {"tokenizer": "none", "vocab_size": a.vocab_size, "seq_len": a.seq_len}
-    if a.task == "lm":
-        lm = SyntheticMarkovText(a.num_samples, a.seq_len, a.vocab_size, seed)
-        info = DataInfo("lm", "text", (a.seq_len,), "int64", a.vocab_size, (), a.vocab_size, a.seq_len)
-        return Pool(info, lm, labels=None, rows_read=len(lm), preprocess=preprocess)
+    return TEXT_TASKS[a.task](a, seed)
+
+
+def _markov_text(a: SyntheticTextArgs, seed: int) -> Pool:
+    lm = SyntheticMarkovText(a.num_samples, a.seq_len, a.vocab_size, seed)
+    info = DataInfo("lm", "text", (a.seq_len,), "int64", a.vocab_size, (), a.vocab_size, a.seq_len)
+    return Pool(info, lm, labels=None, rows_read=len(lm), preprocess=_text_preprocess(a))
+
+
+def _text_preprocess(a: SyntheticTextArgs) -> dict:
+    return {"tokenizer": "none", "vocab_size": a.vocab_size, "seq_len": a.seq_len}
+
+
+def _topic_text(a: SyntheticTextArgs, seed: int) -> Pool:
     samples = SyntheticTextClasses(a.num_samples, a.seq_len, a.vocab_size, a.num_classes, seed)
     names = tuple(str(c) for c in range(a.num_classes))
     info = DataInfo(
         "classification", "text", (a.seq_len,), "int64", a.num_classes, names, a.vocab_size, a.seq_len
     )
-    return Pool(info, samples, labels=samples.labels, rows_read=len(samples), preprocess=preprocess)
+    return Pool(info, samples, labels=samples.labels, rows_read=len(samples), preprocess=_text_preprocess(a))
+
+
+TEXT_TASKS = {"classification": _topic_text, "lm": _markov_text}  # the tasks synthetic_text generates data for

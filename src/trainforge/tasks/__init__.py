@@ -1,0 +1,15 @@
+"""The task registry (issue 41): for each task, what trainforge needs to train, evaluate, plan, export and serve a
+model for it. The core asks the task and never names one.
+
+    from trainforge.tasks import TASKS, task_of
+    task = task_of(info)                        # info.task -> its Task (UserError naming `task` when unknown)
+    loss = task.loss(logits, y, label_smoothing=0.1)
+    ev = task.evaluation(info); ev.add(logits, y); ev.result(num_samples=..., detailed=True)
+    task.default_metric, task.direction("accuracy")     # "accuracy", "max"
+    TASKS.names()                               # ["classification", "lm"]
+
+docs/architecture.md, "Adding a task", lists what a new task provides. Standard library and numpy at import (predict
+reads tasks where torch is absent); a task imports torch inside the functions that need it.
+"""
+from trainforge.tasks.base import TASKS, Evaluation, Task, register_task, task_of  # noqa: F401
+from trainforge.tasks import classification, lm  # noqa: F401,E402 - registers the shipped tasks

@@ -1,0 +1,128 @@
+"""What a task is: the interface every task implements, and the registry the core looks tasks up in."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+
+from trainforge.errors import UserError
+from trainforge.registry import Registry
+
+if TYPE_CHECKING:  # torch is imported by the methods that need it
+    import torch
+
+MAX = "max"
+MIN = "min"
+
+
+class Task:
+    """One task's answers to what the core asks. Subclasses set the class attributes and override the methods.
+
+    name: the registry key, the `task` a DataInfo and a recipe name; description: one line for `trainforge recipes`.
+    metrics: what evaluation reports (val rows, eval.json), loss first; default_metric: what early stopping, tune,
+    `runs compare` and compress's recommendation optimize by default; higher_is_better: the metrics to maximize.
+    generates: the model samples sequences (`trainforge generate`, a chat run's answers at each evaluation).
+    predict_refusal: None when `trainforge predict` serves an exported model of this task, else why not.
+    ordered_splits: a contiguous stream (a corpus) is split into contiguous val/test ranges, not drawn at random.
+    token_augmentation: the data's token augmentation (data.augment.token_*) applies to this task's text.
+    quality: (compress's metric key, its short label, its long label) for the compression table.
+    """
+
+    name: str = ""
+    description: str = ""
+    metrics: tuple[str, ...] = ("loss",)
+    default_metric: str = "loss"
+    higher_is_better: frozenset[str] = frozenset()
+    generates: bool = False
+    predict_refusal: Optional[str] = "predict does not serve this task"
+    ordered_splits: bool = False
+    token_augmentation: bool = False
+    quality: tuple[str, str, str] = ("loss", "loss", "test loss")
+
+    # ---- metrics
+    def direction(self, metric: str) -> str:
+        """"max" or "min": which way `metric` improves."""
+        return MAX if metric in self.higher_is_better else MIN
+
+    def check_metric(self, metric: str, field: str) -> None:
+        """`metric` is one evaluation reports for this task, else UserError naming `field`."""
+        if metric not in self.metrics:
+            raise UserError(f"{field}: {metric!r} is not reported for {self.name}; choose one of "
+                            f"{', '.join(self.metrics)}")
+
+    # ---- training
+    def loss(self, output: "torch.Tensor", target: "torch.Tensor", *, label_smoothing: float = 0.0,
+             reduction: str = "mean") -> "torch.Tensor":
+        raise NotImplementedError
+
+    def evaluation(self, info: Any) -> "Evaluation":
+        """A fresh accumulator of one evaluation pass."""
+        return Evaluation(self)
+
+    # ---- planning and export
+    def example_target(self, info: Any, batch_size: int) -> "torch.Tensor":
+        """A target batch of the right shape and dtype (its values do not change memory or FLOPs)."""
+        raise NotImplementedError
+
+    def tokens_per_sample(self, info: Any) -> int:
+        """Tokens one sample carries (throughput in tokens/s); 1 for a sample that is not a sequence."""
+        return 1
+
+    def output_shape(self, input_shape: tuple[int, ...], num_classes: int) -> tuple[int, ...]:
+        """The model output's shape for one batch (-1: the batch) given one sample's input shape: the exported
+        signature (ONNX, MLflow)."""
+        raise NotImplementedError
+
+    def score_logits(self, logits: np.ndarray, labels: np.ndarray) -> dict[str, Optional[float]]:
+        """Compress's quality columns of an exported variant, from its outputs in numpy."""
+        raise NotImplementedError
+
+
+class Evaluation:
+    """Sums a pass's loss (no label smoothing) over the units the task averages over; a task adds its metrics."""
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.loss_sum, self.count = 0.0, 0
+
+    def add(self, output: "torch.Tensor", target: "torch.Tensor") -> None:
+        self.loss_sum += float(self.task.loss(output, target, label_smoothing=0.0, reduction="sum"))
+        self.count += target.numel()
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.count
+
+    def result(self, detailed: bool) -> dict[str, Any]:
+        """The task's metrics (the loss is reported by the caller); `detailed`: per-class tables and the like."""
+        return {}
+
+
+def mean_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
+    """(mean cross-entropy in nats, the logits flattened to (rows, classes)) in float64 numpy."""
+    flat = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    y = labels.reshape(-1)
+    shifted = flat - flat.max(axis=1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    return float(-log_probs[np.arange(len(y)), y].mean()), flat
+
+
+TASKS: Registry[Task] = Registry("task", "task")
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: registers one instance under `cls.name`."""
+    assert cls.name and cls.description, f"{cls.__name__}: a task needs a name and a description"
+    TASKS.register(cls.name)(cls())
+    return cls
+
+
+def task_of(info: Any) -> Task:
+    """The task a DataInfo (or anything with `.task`) is for."""
+    return TASKS.get(info.task)
+
+
+def finite_exp(value: float) -> float:
+    """exp(value), inf instead of an OverflowError."""
+    return math.exp(value) if value < math.log(np.finfo(np.float64).max) else float("inf")
