@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+import yaml
 from rich.markup import escape
 from rich.table import Table
 
@@ -344,21 +346,57 @@ PREPARED_TABLES = {"tokens": _token_table, "webdataset": _webdataset_table}
 
 @app.command()
 def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document.")) -> None:
-    """List the built-in recipes and the command that runs each (from any directory)."""
+    """List the built-in recipes: the task each trains, what it is, and the command that runs it."""
     rows = []
     for name, path in builtin_recipes().items():
         # The bare name, not the file's first-line comment (`trainforge train recipes/x.yaml`): that path
         # only works from the repository root, and not at all from an installed package.
-        rows.append({"name": name, "path": str(path), "command": f"trainforge train {name}"})
+        task, description = recipe_summary(path)
+        rows.append({"name": name, "task": task, "description": description, "path": str(path),
+                     "command": f"trainforge train {name}"})
     if as_json:
         print_json(rows)
         return
     table = Table(title="built-in recipes")
-    table.add_column("name")
-    table.add_column("run with")
+    for column in ("name", "task", "what it trains", "run with"):
+        table.add_column(column)
     for r in rows:
-        table.add_row(r["name"], r["command"])
+        table.add_row(r["name"], r["task"], r["description"], r["command"])
     out.print(table)
+
+
+@app.command()
+def tasks(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document.")) -> None:
+    """List the tasks a recipe can name (`task: NAME`): what each is and the metrics it reports."""
+    from trainforge.tasks import TASKS
+
+    rows = [{"name": n, "description": TASKS.get(n).description, "metrics": list(TASKS.get(n).metrics),
+             "default_metric": TASKS.get(n).default_metric,
+             "direction": TASKS.get(n).direction(TASKS.get(n).default_metric)} for n in TASKS.names()]
+    if as_json:
+        print_json(rows)
+        return
+    table = Table(title="tasks")
+    for column in ("task", "what it is", "metrics (default first)"):
+        table.add_column(column)
+    for r in rows:
+        metrics = [r["default_metric"], *(m for m in r["metrics"] if m != r["default_metric"])]
+        table.add_row(r["name"], r["description"], ", ".join(metrics))
+    out.print(table)
+
+
+def recipe_summary(path: Path) -> tuple[str, str]:
+    """(the task the recipe trains, `data.source_tasks.recipe_task`; its one-line description: the second comment
+    line, up to its first colon or full stop), from the file alone (no torch)."""
+    from trainforge.data.source_tasks import recipe_task
+
+    text = path.read_text(encoding="utf-8")
+    doc = yaml.safe_load(text) or {}
+    task = recipe_task(doc) if isinstance(doc, dict) else None
+    comments = [line.lstrip("#").strip() for line in text.splitlines() if line.startswith("#")]
+    line = comments[1] if len(comments) > 1 else ""
+    description = re.split(r":\s|\.\s|\.$", line, maxsplit=1)[0].strip()
+    return task or "set by data.target", description
 
 
 def _parse_counts(text: str) -> list[int]:

@@ -79,6 +79,7 @@ class FromModelConfig(Section):
 
 
 class DataConfig(Section):
+    task: Optional[str] = None  # the recipe's `task:` (Config wires it here: the data stage sees only data.*)
     source: str = "digits"
     path: Optional[str] = None  # file or folder for imagefolder/csv/jsonl/textfile
     target: Optional[str] = None  # "pkg.module:factory" when source is custom
@@ -263,6 +264,7 @@ INTERNAL_SECTION = "stage"  # Config.stage: written by trainforge's own stages, 
 
 class Config(Section):
     name: str = "run"
+    task: Optional[str] = None  # a task in trainforge.tasks (`trainforge tasks`); None: the data source's default
     seed: int = Field(0, ge=0, le=MAX_SEED)
     data: DataConfig = Field(default_factory=DataConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -283,6 +285,15 @@ class Config(Section):
             raise ValueError(f"{describe_character(hidden)} in the name; a name holds printable characters only "
                              f"(no tabs or newlines either), got {quote(v)}")
         return v
+
+    @model_validator(mode="after")
+    def _task_to_data(self) -> "Config":
+        """The recipe's `task:` is what the data stage builds (it sees only data.*, so the recipe wires it here)."""
+        if self.task is not None:
+            if self.data.task not in (None, self.task):
+                raise ValueError(f"task is {self.task!r} but data.task is {self.data.task!r}; set only `task:`")
+            self.data.task = self.task
+        return self
 
     @model_validator(mode="after")
     def _data_from_model(self) -> "Config":

@@ -16,7 +16,8 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
-from trainforge.cli import main
+from trainforge.cli import main, recipe_summary
+from trainforge.tasks import TASKS
 
 COMMON = ["train.max_steps=2", "train.eval_every_steps=2", "log.progress=false", "log.tensorboard=false",
           "train.early_stopping=null"]
@@ -107,6 +108,7 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     assert doc["status"] == "completed" and doc["steps"] == 2
     ev = json.loads((run / "eval.json").read_text())
     assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
+    assert_listed_task(name, run)
     if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
         pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
         assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]
@@ -130,6 +132,13 @@ def test_recipe_runs_a_few_steps(name, tmp_path, capsys):
     ev = json.loads((run / "eval.json").read_text())
     assert ev["loss"] > 0
     assert ("perplexity" in ev) == name.startswith(("charlm", "gpt2"))
+    assert_listed_task(name, run)
+
+
+def assert_listed_task(name: str, run: Path) -> None:
+    """`trainforge recipes` says, from the file alone, the task the recipe's run was trained for."""
+    trained = json.loads((run / "final" / "model.json").read_text())["data_info"]["task"]
+    assert recipe_summary(builtin_recipes()[name])[0] == trained
 
 
 def test_recipes_command_lists_every_recipe(capsys):
@@ -137,7 +146,8 @@ def test_recipes_command_lists_every_recipe(capsys):
         main(["recipes", "--json"])
     rows = json.loads(capsys.readouterr().out)
     assert {r["name"] for r in rows} == set(builtin_recipes())
-    assert all(set(r) == {"name", "path", "command"} for r in rows)  # the --json keys are a contract
+    assert all({"name", "path", "command", "task", "description"} <= set(r) for r in rows)  # a contract: add only
+    assert all(r["task"] in TASKS and r["description"] for r in rows)
     assert [r["command"] for r in rows] == [f"trainforge train {r['name']}" for r in rows]
 
 

@@ -30,7 +30,7 @@ from trainforge.data.stages.loader import ShardOrder
 from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
 from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
 from trainforge.errors import UserError
-from trainforge.tasks import task_of
+from trainforge.tasks import TASKS, task_of
 
 MAX_STATS_SAMPLES = 2000  # normalization of lazily loaded/generated data looks at this many train samples (seeded)
 STATS_CHUNK = 256
@@ -51,7 +51,12 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     only): normalization is not fitted, so no image is decoded; the bundle is not for training.
     Raises UserError for any problem with the config, the files or the data.
     """
+    task = TASKS.get(cfg.task) if cfg.task is not None else None  # UserError naming `task` when unknown
     result = SOURCES.get(cfg.source)(cfg, seed=seed)
+    made = result.info.task
+    if task is not None and made != task.name:
+        raise UserError(f"task: {task.name}: data.source {cfg.source} gives {made} data ({TASKS.get(made).description})"
+                        f"; remove `task:` or choose a source (or data.args) that makes {task.name} data")
     if isinstance(result, DataBundle):  # a custom factory built everything itself
         return result
     pool = result
@@ -176,8 +181,9 @@ def choose_augment(
     if info.modality == "text" and task_of(info).token_augmentation:
         _warn_ignored(image_ops, "image augmentation does not apply to text; use data.augment.token_*")
         return build_text_augment(cfg, info.pad_id)
-    _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not "
-                                        f"{info.modality} data for {info.task}")
+    task = task_of(info)
+    what = f"{info.modality} data" if task.token_augmentation else task.title
+    _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not {what}")
     return None
 
 

@@ -19,7 +19,7 @@ MIN = "min"
 class Task:
     """One task's answers to what the core asks. Subclasses set the class attributes and override the methods.
 
-    name: the registry key, the `task` a DataInfo and a recipe name; description: one line for `trainforge recipes`.
+    name: the registry key, the `task` a DataInfo and a recipe name; title: its name in a sentence; description: one line for `trainforge recipes`.
     metrics: what evaluation reports (val rows, eval.json), loss first; default_metric: what early stopping, tune,
     `runs compare` and compress's recommendation optimize by default; higher_is_better: the metrics to maximize.
     generates: the model samples sequences (`trainforge generate`, a chat run's answers at each evaluation).
@@ -30,6 +30,7 @@ class Task:
     """
 
     name: str = ""
+    title: str = ""  # the task in a sentence: "language modelling"
     description: str = ""
     metrics: tuple[str, ...] = ("loss",)
     default_metric: str = "loss"

@@ -87,6 +87,7 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, class_names: 
 @register_task
 class Classification(Task):
     name = "classification"
+    title = "classification"
     description = "one class per sample (images, tabular rows, text): accuracy, macro-F1, confusion matrix"
     metrics = ("loss", "accuracy", "macro_f1")
     default_metric = "accuracy"

@@ -21,6 +21,7 @@ def lm_metrics(mean_loss_nats: float) -> dict:
 @register_task
 class LanguageModelling(Task):
     name = "lm"
+    title = "language modelling"
     description = "next-token prediction on text or chat (SFT): loss per token, perplexity"
     metrics = ("loss", "perplexity")
     default_metric = "loss"

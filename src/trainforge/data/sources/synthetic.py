@@ -5,7 +5,7 @@ GPT-2-shaped (seq 1024, vocab 50257) dataset costs only its label array in memor
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Optional
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
+from trainforge.errors import UserError
 from trainforge.data.pool import Pool, Samples
 from trainforge.data.seeding import derive_seed, generator_for
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args
@@ -106,7 +107,7 @@ class SyntheticImagesArgs(SourceArgs):
 
 
 class SyntheticTextArgs(SourceArgs):
-    task: Literal["classification", "lm"] = "classification"
+    task: Optional[Literal["classification", "lm"]] = None  # None: the recipe's `task:`, else classification
     num_samples: int = Field(1024, gt=0)
     seq_len: int = Field(64, gt=0)
     vocab_size: int = Field(256, gt=1)
@@ -134,7 +135,10 @@ def synthetic_images(cfg: DataConfig, *, seed: int) -> Pool:
 def synthetic_text(cfg: DataConfig, *, seed: int) -> Pool:
     """Token sequences; task classification (topic tokens per class) or lm (Markov chain)."""
     a = parse_args(SyntheticTextArgs, cfg)
-    return TEXT_TASKS[a.task](a, seed)
+    task = a.task or cfg.task or DEFAULT_TEXT_TASK
+    if task not in TEXT_TASKS:
+        raise UserError(f"task: data.source synthetic_text makes {' or '.join(TEXT_TASKS)} data, not {task}")
+    return TEXT_TASKS[task](a, seed)
 
 
 def _markov_text(a: SyntheticTextArgs, seed: int) -> Pool:
@@ -157,3 +161,4 @@ def _topic_text(a: SyntheticTextArgs, seed: int) -> Pool:
 
 
 TEXT_TASKS = {"classification": _topic_text, "lm": _markov_text}  # the tasks synthetic_text generates data for
+DEFAULT_TEXT_TASK = "classification"
