@@ -3,6 +3,7 @@ fast tokenizer), so tests load them through exactly the code users run with hub 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -32,15 +33,21 @@ def write_labelled_texts(path: Path, texts: Iterable[str]) -> Path:
 
 
 def wordpiece_tokenizer(texts: Iterable[str], vocab_size: int = 200):
-    """A BERT-style fast tokenizer ([CLS] text [SEP], [PAD] = 0, lower-casing WordPiece) trained on `texts`."""
+    """A BERT-style fast tokenizer ([CLS] text [SEP], [PAD] = 0, lower-casing WordPiece) whose vocabulary is fixed
+    by `texts` alone: the special tokens, every character alone and as a ##piece, then whole words, most frequent
+    first (ties by spelling). Not trained: the WordPiece trainer breaks ties in a different order from one process
+    to the next, and a test's numbers would follow its token ids."""
     from transformers import PreTrainedTokenizerFast
 
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                                             show_progress=False))
+    normalizer, pre = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
+    counts = Counter(w for t in texts for w, _ in pre.pre_tokenize_str(normalizer.normalize_str(t)))
+    chars = sorted({c for w in counts for c in w})
+    words = [w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])) if w not in chars]
+    vocab = [*specials, *chars, *(f"##{c}" for c in chars), *words][:vocab_size]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
     tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
                                                        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])

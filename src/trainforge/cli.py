@@ -357,11 +357,12 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly on
     if as_json:
         print_json(rows)
         return
-    table = Table(title="built-in recipes")
-    for column in ("name", "task", "what it trains", "run with"):
-        table.add_column(column)
+    table = Table(title="built-in recipes")  # the command names the recipe; it and the task stay whole, to be copied
+    table.add_column("run with", no_wrap=True)
+    table.add_column("task", no_wrap=True)
+    table.add_column("what it trains")
     for r in rows:
-        table.add_row(r["name"], r["task"], r["description"], r["command"])
+        table.add_row(r["command"], r["task"], r["description"])
     out.print(table)
 
 

@@ -220,6 +220,13 @@ MODEL_JSON = {  # each was a traceback from deep in torch (or the allocator)
     "num_classes 10^9": (lambda m: m["data_info"].update(num_classes=10**9),
                          "data_info.num_classes: expected an integer in 1..16777216, got 1000000000"),
     "step infinite": (lambda m: m.update(step=float("inf")), "missing or malformed field (OverflowError"),
+    "task a path": (lambda m: m["data_info"].update(task="../evil"),
+                    "data_info.task: expected a task name (one of "),  # the list holds whatever is registered
+    "inputs a string": (lambda m: m["data_info"].update(inputs="x"),
+                        "data_info.inputs: expected a list of at most 16 inputs, got 'x'"),
+    "an input's shape 1e30": (lambda m: m["data_info"].update(inputs=[{"name": "image", "shape": [1e30],
+                                                                        "dtype": "float32", "modality": "image"}]),
+                              "data_info.inputs[0].shape[0]: expected an integer in 1..16777216, got 1e+30"),
 }
 
 

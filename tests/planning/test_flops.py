@@ -13,6 +13,7 @@ from trainforge.data.base import DataInfo
 from trainforge.engine.parallelize import apply_activation_checkpointing
 from trainforge.models import build_model
 from trainforge.planning.flops import count_flops, transformer_flops_per_token
+from trainforge.tasks import TASKS
 from trainforge.planning.simulate import step_flops_per_sample
 
 GPT2_INFO = DataInfo("lm", "text", (1024,), "int64", 50257, vocab_size=50257, seq_len=1024)
@@ -25,7 +26,8 @@ def gpt2_flops(activation_checkpointing: bool) -> tuple[float, float, nn.Module]
         model, spec = build_model(GPT2, GPT2_INFO)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
-        model_flops, hardware_flops = count_flops(model, spec.example(BATCH), task="lm", precision="bf16")
+        batch = TASKS.get("lm").example_batch(GPT2_INFO, spec.example(BATCH), BATCH)
+        model_flops, hardware_flops = count_flops(model, batch, task="lm", precision="bf16")
     return model_flops, hardware_flops, model
 
 
@@ -113,7 +115,8 @@ def test_attention_is_counted_once_on_either_cpu_path(backend):
     b, h, s, d = 2, 4, 64, 16
     model = Attention(h, s, d)
     with sdpa_kernel(backend):
-        model_flops, _ = count_flops(model, torch.randn(b, h * s * d), task="classification", precision="fp32")
+        batch = (torch.randn(b, h * s * d), torch.zeros(b, dtype=torch.long))
+        model_flops, _ = count_flops(model, batch, task="classification", precision="fp32")
     # 4*b*s^2*(h*d) forward, twice that backward (PaLM's 12*L*H*Q*T per token, L=1)
     assert model_flops == 12 * b * s * s * h * d
 
@@ -121,6 +124,7 @@ def test_attention_is_counted_once_on_either_cpu_path(backend):
 def test_counting_leaves_no_gradients_behind():
     info = DataInfo("classification", "image", (1, 8, 8), "float32", 10, tuple("0123456789"))
     model, spec = build_model(ModelConfig(name="cnn"), info)
-    model_flops, hardware_flops = count_flops(model, spec.example(4), task="classification", precision="fp32")
+    batch = (spec.example(4), torch.zeros(4, dtype=torch.long))
+    model_flops, hardware_flops = count_flops(model, batch, task="classification", precision="fp32")
     assert model_flops == hardware_flops > 0  # convolutions are counted
     assert all(p.grad is None for p in model.parameters())

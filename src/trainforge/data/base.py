@@ -11,8 +11,19 @@ Modality = Literal["image", "tabular", "text"]
 
 
 @dataclass(frozen=True)
+class InputInfo:
+    """One named input of a sample: what a model of several inputs (an image and a feature vector) is told."""
+
+    name: str
+    shape: tuple[int, ...]  # one sample, without the batch dimension
+    dtype: Literal["float32", "int64"]
+    modality: Modality
+
+
+@dataclass(frozen=True)
 class DataInfo:
-    """Shape facts a model factory, the planner and the exporter need; no samples.
+    """Shape facts a model factory, the planner and the exporter need; no samples. `task` names a task of
+    trainforge.tasks (what a sample's target is, and everything the task decides).
 
     classification: x is float32 (image: C,H,W; tabular: F) or int64 tokens (text: T); y is int64 ().
     lm: x and y are int64 (T,); y is x shifted by one token.
@@ -27,6 +38,12 @@ class DataInfo:
     vocab_size: Optional[int] = None  # token inputs only
     seq_len: Optional[int] = None  # token inputs only
     pad_id: Optional[int] = None  # the padding id of fixed-length token inputs (models mask it out)
+    # a sample of several named inputs (a dict; the task's collate batches it): each one's shape, dtype and modality.
+    # Empty for one input, which input_shape, input_dtype and modality describe (`named_inputs` gives it a name).
+    inputs: tuple[InputInfo, ...] = ()
+
+    def named_inputs(self) -> tuple[InputInfo, ...]:
+        return self.inputs or (InputInfo("x", tuple(self.input_shape), self.input_dtype, self.modality),)
 
 
 @dataclass

@@ -51,8 +51,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     only): normalization is not fitted, so no image is decoded; the bundle is not for training.
     Raises UserError for any problem with the config, the files or the data.
     """
+    result = SOURCES.get(cfg.source)(cfg, seed=seed)  # a custom source's module may register its task first
     task = TASKS.get(cfg.task) if cfg.task is not None else None  # UserError naming `task` when unknown
-    result = SOURCES.get(cfg.source)(cfg, seed=seed)
     made = result.info.task
     if task is not None and made != task.name:
         raise UserError(f"task: {task.name}: data.source {cfg.source} gives {made} data ({TASKS.get(made).description})"

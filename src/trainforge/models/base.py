@@ -29,6 +29,17 @@ class InputSpec:
         return x.to(device)
 
 
+@dataclass(frozen=True)
+class NamedInputs:
+    """A model that takes several named inputs (an image and a feature vector, fused): `example` is a dict of each
+    input's example batch, as the task's collate makes them."""
+
+    specs: tuple[tuple[str, InputSpec], ...]
+
+    def example(self, batch_size: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        return {name: spec.example(batch_size, device) for name, spec in self.specs}
+
+
 def materializing() -> bool:
     """Are tensors made now real? False on the meta device or under fake tensors (the planner, the launcher's
     checks): a pretrained family then builds its architecture and reads no weights."""

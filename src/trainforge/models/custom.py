@@ -26,7 +26,7 @@ from torch import nn
 from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.imports import call_user, load_target
-from trainforge.models.base import InputSpec
+from trainforge.models.base import InputSpec, NamedInputs
 from trainforge.models.zoo import ANY_DATA, input_spec, register_model
 
 
@@ -54,7 +54,7 @@ def build_custom(info: DataInfo, target: Optional[str] = None, **args: Any) -> t
     result = call_user(factory, target=target, key="model.target", args_key="model.args", args=args, filled=data_facts(info),
                        first=info)
     module, spec = result if isinstance(result, tuple) and len(result) == 2 else (result, input_spec(info))
-    if not isinstance(module, nn.Module) or not isinstance(spec, InputSpec):
+    if not isinstance(module, nn.Module) or not isinstance(spec, (InputSpec, NamedInputs)):
         raise UserError(
             f"model.target: {target} returned {type(result).__name__}; a model factory must return "
             "an nn.Module or (nn.Module, InputSpec)"

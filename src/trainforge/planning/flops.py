@@ -2,7 +2,8 @@
 
     with FakeTensorMode():                      # no real memory, any model size
         model, spec = build_fake_model(cfg.model, info)     # planning.fake_model
-        model_flops, hardware_flops = count_flops(model, spec.example(8), task=info.task, precision="bf16")
+        batch = task_of(info).example_batch(info, spec.example(8), 8)
+        model_flops, hardware_flops = count_flops(model, batch, task=task_of(info), precision="bf16")
     model_flops, hardware_flops = step_flops_per_sample(cfg.model, info, precision="bf16")  # per sample (simulate)
 
 *Model* FLOPs are what the maths of forward + backward needs (what MFU divides by); *hardware*
@@ -14,14 +15,15 @@ in FLOPs (they matter for memory traffic, which the roofline handles separately)
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Iterator, Union
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from trainforge.engine.parallelize import observe_recompute
-from trainforge.engine.losses import task_loss
+from trainforge.tasks import TASKS, Task, task_of
+from trainforge.tasks.batch import batch_device
 from trainforge.engine.precision import autocast
 
 aten = torch.ops.aten
@@ -48,15 +50,16 @@ ATTENTION_FORMULAS = {
 }
 
 
-def count_flops(model: nn.Module, example_input: torch.Tensor, *, task: str, precision: str) -> tuple[float, float]:
-    """(model_flops, hardware_flops) of forward + loss + backward on `example_input` (one batch).
+def count_flops(model: nn.Module, batch: Any, *, task: Union[Task, str], precision: str) -> tuple[float, float]:
+    """(model_flops, hardware_flops) of forward + loss + backward on `batch` (the task's example batch).
 
     Runs the step under `FlopCounterMode`; works on fake tensors. Leaves `.grad` unset afterwards.
     With activation checkpointing applied (`trainforge.engine.parallelize`), hardware FLOPs
     include what backward recomputes (not always the whole forward of a block: torch stops a
     recompute once every saved tensor is back); model FLOPs do not.
     """
-    device = example_input.device
+    task = TASKS.get(task) if isinstance(task, str) else task
+    device = batch_device(batch)
     recompute_flops: list[int] = []
 
     @contextlib.contextmanager
@@ -72,10 +75,8 @@ def count_flops(model: nn.Module, example_input: torch.Tensor, *, task: str, pre
     counter = _counter()
     with counter, observe_recompute(count_recompute):
         with autocast(device, precision):
-            logits = model(example_input)
-        # targets only need the right shape and dtype: the loss's FLOPs do not depend on them
-        y = torch.zeros(logits.shape[:-1], dtype=torch.long, device=device)
-        task_loss(logits.float(), y, task).backward()
+            output = task.forward(model, batch)
+        task.training_loss(output, batch).backward()  # the targets' values do not change the FLOPs
     for p in model.parameters():
         p.grad = None
     hardware_flops = float(counter.get_total_flops())

@@ -8,7 +8,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trainforge.config import ModelConfig
 from trainforge.data.base import DataInfo
 from trainforge.planning.fake_model import build_fake_model
-from trainforge.engine.losses import task_loss
 from trainforge.engine.precision import autocast
 from trainforge.tasks import task_of
 
@@ -34,11 +33,11 @@ def kernels_per_micro_batch(model_cfg: ModelConfig, info: DataInfo, micro_batch_
     """aten ops that launch work in one forward + backward (the optimizer's few fused kernels are left out)."""
     with FakeTensorMode():
         model, spec = build_fake_model(model_cfg, info)
-        x = spec.example(micro_batch_size)
-        y = task_of(info).example_target(info, micro_batch_size)
+        task = task_of(info)
+        batch = task.example_batch(info, spec.example(micro_batch_size), micro_batch_size)
         counter = _KernelCounter()
         with counter:
             with autocast(torch.device("cpu"), precision):
-                logits = model(x)
-            task_loss(logits.float(), y, info.task).backward()
+                output = task.forward(model, batch)
+            task.training_loss(output, batch).backward()
     return counter.count

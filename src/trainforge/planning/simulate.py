@@ -6,7 +6,7 @@
 Method. The real model (`build_model`, on the meta device, then given fake CPU tensors:
 `planning.fake_model`) and optimizer (`build_optimizer`) are built under `FakeTensorMode`: tensors
 carry shapes, dtypes and devices but no storage, so a 7B model costs no memory. Two training
-iterations run as the trainer runs them (forward under autocast, `task_loss` on float logits,
+iterations run as the trainer runs them (forward under autocast, the task's loss on the float output,
 backward, optimizer step, zero_grad) inside torch's `MemTracker` (`PeakMemTracker`: the global
 peak only), which sees every tensor created and freed and files it under parameters, gradients,
 optimizer state, activations or backward temporaries. The second iteration's forward and backward
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,10 +43,10 @@ from trainforge.errors import UserError
 from trainforge.models import build_model
 from trainforge.planning.fake_model import build_fake_model
 from trainforge.planning.flops import count_flops
-from trainforge.engine.losses import task_loss
 from trainforge.engine.optim import build_optimizer, freeze
 from trainforge.engine.precision import DTYPES, autocast
-from trainforge.tasks import task_of
+from trainforge.tasks import Task, task_of
+from trainforge.tasks.batch import batch_device, leaves
 
 if TYPE_CHECKING:  # imported where a simulation starts (`_measure`, `_process_group`): about 1.8 s together
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -146,10 +146,11 @@ def simulate_step(
         param_count, full_param_bytes = _param_stats(model)
         _prepare(model, activation_checkpointing, freeze_patterns)
         grad_bytes = _param_stats(model)[1]  # the trainable parameters: frozen ones are buffers by now
-        x, y = spec.example(micro_batch_size), _targets(info, micro_batch_size)
+        task = task_of(info)
+        batch = task.example_batch(info, spec.example(micro_batch_size), micro_batch_size)
         if flops_per_sample is None:
-            flops_per_sample = _per_sample(count_flops(model, x, task=info.task, precision=precision), micro_batch_size)
-        measured = _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh, replay=True)
+            flops_per_sample = _per_sample(count_flops(model, batch, task=task, precision=precision), micro_batch_size)
+        measured = _measure(model, optim_cfg, batch, task, precision, label_smoothing, mesh, replay=True)
 
     notes = {"ddp": [DDP_NOTE], "fsdp": [FSDP_NOTE]}.get(strategy, [])
     param_bytes = measured.param_bytes
@@ -199,7 +200,9 @@ def step_flops_per_sample(
     with FakeTensorMode():
         model, spec = build_fake_model(model_cfg, info)
         _prepare(model, activation_checkpointing, freeze_patterns)
-        flops = count_flops(model, spec.example(micro_batch_size), task=info.task, precision=precision)
+        task = task_of(info)
+        batch = task.example_batch(info, spec.example(micro_batch_size), micro_batch_size)
+        flops = count_flops(model, batch, task=task, precision=precision)
     return _per_sample(flops, micro_batch_size)
 
 
@@ -226,8 +229,9 @@ def measure_real_step(
         model, spec = build_model(model_cfg, info)
         if activation_checkpointing:
             apply_activation_checkpointing(model)
-        x, y = spec.example(micro_batch_size, device=target), _targets(info, micro_batch_size)
-        return _measure(model, optim_cfg, x, y, info.task, precision, label_smoothing, mesh, replay=False).peak_bytes
+        task = task_of(info)
+        batch = task.example_batch(info, spec.example(micro_batch_size, device=target), micro_batch_size)
+        return _measure(model, optim_cfg, batch, task, precision, label_smoothing, mesh, replay=False).peak_bytes
 
 
 # ---------------------------------------------------------------- the tracked iterations
@@ -246,9 +250,8 @@ class _Measured:
 def _measure(
     model: nn.Module,
     optim_cfg: OptimConfig,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    task: str,
+    batch: Any,
+    task: Task,
     precision: str,
     label_smoothing: float,
     mesh: Optional[DeviceMesh],
@@ -263,7 +266,7 @@ def _measure(
     if mesh is None:
         optimizer = build_optimizer(model, optim_cfg)
         tracker = PeakMemTracker()
-        tracker.track_external(model, optimizer, x, y)
+        tracker.track_external(model, optimizer, *leaves(batch))
     else:
         apply_fsdp(model, mesh, param_dtype=None if precision == "fp32" else DTYPES[precision])
         optimizer = build_optimizer(model, optim_cfg)
@@ -271,25 +274,24 @@ def _measure(
             # fused/foreach steps on fake DTensors inflate the tracked peak many times over
             group["foreach"] = False
         tracker = PeakFSDPMemTracker(model, optimizer)
-        tracker.track_inputs((x, y))
+        tracker.track_inputs(tuple(leaves(batch)))
     iterations = _replayed_iterations if replay else _two_iterations
-    return iterations(tracker, model, optimizer, x, y, task, precision, label_smoothing)
+    return iterations(tracker, model, optimizer, batch, task, precision, label_smoothing)
 
 
 def _two_iterations(
     tracker: MemTracker,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    task: str,
+    batch: Any,
+    task: Task,
     precision: str,
     label_smoothing: float,
 ) -> _Measured:
     """Two steps as the trainer takes them; the second starts with the optimizer state in place."""
     with tracker:
         for i in range(2):
-            activation_bytes = _forward_backward(tracker, model, x, y, task, precision, label_smoothing)
+            activation_bytes = _forward_backward(tracker, model, batch, task, precision, label_smoothing)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if i == 0:
@@ -309,9 +311,8 @@ def _replayed_iterations(
     tracker: MemTracker,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    task: str,
+    batch: Any,
+    task: Task,
     precision: str,
     label_smoothing: float,
 ) -> _Measured:
@@ -327,7 +328,7 @@ def _replayed_iterations(
     `tests/planning/test_simulate.py` checks the result against two real iterations on real tensors.
     """
     with tracker:
-        activation_bytes = _forward_backward(tracker, model, x, y, task, precision, label_smoothing)
+        activation_bytes = _forward_backward(tracker, model, batch, task, precision, label_smoothing)
         forward_backward = _breakdown(_one_device(tracker.get_tracker_snapshot("peak")))
         optimizer.step()
         tracker.reset_peak()
@@ -352,9 +353,8 @@ def _replayed_iterations(
 def _forward_backward(
     tracker: MemTracker,
     model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    task: str,
+    batch: Any,
+    task: Task,
     precision: str,
     label_smoothing: float,
 ) -> int:
@@ -362,10 +362,10 @@ def _forward_backward(
 
     Returns the activation bytes alive at the end of forward (what backward will read).
     """
-    with autocast(x.device, precision):
-        logits = model(x)
-    loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing)
-    del logits  # as the trainer does: backward does not need them
+    with autocast(batch_device(batch), precision):
+        output = task.forward(model, batch)
+    loss = task.training_loss(output, batch, label_smoothing=label_smoothing)
+    del output  # as the trainer does: backward does not need it
     activation_bytes = _categories(_one_device(tracker.get_tracker_snapshot("current")))["activations"]
     loss.backward()
     return activation_bytes
@@ -422,11 +422,6 @@ def _prepare(model: nn.Module, activation_checkpointing: bool, freeze_patterns: 
 
 def _per_sample(flops: tuple[float, float], micro_batch_size: int) -> tuple[float, float]:
     return flops[0] / micro_batch_size, flops[1] / micro_batch_size
-
-
-def _targets(info: DataInfo, batch_size: int) -> torch.Tensor:
-    """The task's example targets: the loss's memory does not depend on their values."""
-    return task_of(info).example_target(info, batch_size)
 
 
 def _tokens_per_sample(info: DataInfo) -> int:

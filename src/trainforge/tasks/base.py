@@ -52,6 +52,35 @@ class Task:
             raise UserError(f"{field}: {metric!r} is not reported for {self.name}; choose one of "
                             f"{', '.join(self.metrics)}")
 
+    # ---- a batch: what the loader yields (the task's collate of its samples) and the loop hands to the model
+    def collate(self, samples: list) -> Any:
+        """One batch of `samples` (torch's default collate: a pair of stacked tensors, for (x, y) samples)."""
+        from torch.utils.data import default_collate
+
+        return default_collate(samples)
+
+    def inputs(self, batch: Any) -> Any:
+        """What the model is called with."""
+        return batch[0]
+
+    def target(self, batch: Any) -> Any:
+        """What the loss and the metrics compare the output with."""
+        return batch[1]
+
+    def forward(self, model: Any, batch: Any) -> Any:
+        """The model's output on `batch` (called under the run's autocast). A model that returns its own losses
+        (torchvision's detectors, HF models given labels) is called with the targets here."""
+        return model(self.inputs(batch))
+
+    def training_loss(self, output: Any, batch: Any, *, label_smoothing: float = 0.0) -> "torch.Tensor":
+        """The scalar the loop backpropagates: the task's loss of the float output (a model's own loss dict, summed)."""
+        return self.loss(output.float(), self.target(batch), label_smoothing=label_smoothing)
+
+    def example_batch(self, info: Any, inputs: Any, batch_size: int) -> Any:
+        """The batch the planner simulates and `micro_batch_size: auto` sizes, around the model's example `inputs`
+        (its InputSpec's, of `batch_size` samples)."""
+        return (inputs, self.example_target(info, batch_size).to(_device_of(inputs)))
+
     # ---- training
     def loss(self, output: "torch.Tensor", target: "torch.Tensor", *, label_smoothing: float = 0.0,
              reduction: str = "mean") -> "torch.Tensor":
@@ -86,6 +115,10 @@ class Evaluation:
     def __init__(self, task: Task) -> None:
         self.task = task
         self.loss_sum, self.count = 0.0, 0
+
+    def add_batch(self, output: Any, batch: Any) -> None:
+        """One evaluated batch (the model in eval mode): by default the float output against the task's target."""
+        self.add(output.float(), self.task.target(batch))
 
     def add(self, output: "torch.Tensor", target: "torch.Tensor") -> None:
         self.loss_sum += float(self.task.loss(output, target, label_smoothing=0.0, reduction="sum"))
@@ -122,6 +155,12 @@ def register_task(cls: type[Task]) -> type[Task]:
 def task_of(info: Any) -> Task:
     """The task a DataInfo (or anything with `.task`) is for."""
     return TASKS.get(info.task)
+
+
+def _device_of(inputs: Any) -> Any:
+    from trainforge.tasks.batch import batch_device
+
+    return batch_device(inputs)
 
 
 def finite_exp(value: float) -> float:

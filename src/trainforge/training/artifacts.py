@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import typing
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainforge.config import Config, config_from_yaml_text
-from trainforge.data.base import DataInfo, Modality
+from trainforge.data.base import DataInfo, InputInfo, Modality
 from trainforge.errors import UserError, quote
 from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
 from trainforge.engine.checkpoint import (
@@ -49,9 +50,11 @@ FORMAT = "trainforge-model/1"
 META_FILE = META
 FINAL_FILES = (MODEL_FILE, META_FILE)  # what loading final/ reads, so what its manifest must vouch for
 # What a stored data_info may say: far above any real dataset, low enough that building the model from it is sane
+TASK_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")  # a task registered by a custom source or model module, loaded later
 MAX_INPUT_DIMS = 4  # image C,H,W; tabular F; text T
 MAX_DIM = 2**24  # one dimension of a sample (a sequence of 16M tokens, an image 16M pixels wide)
 MAX_INPUT_ELEMENTS = 2**30  # values in one sample
+MAX_INPUTS = 16  # named inputs of one sample (data_info.inputs)
 MAX_CLASSES = 2**24  # classes, or an LM's vocabulary
 
 
@@ -99,8 +102,11 @@ def info_from_dict(d: dict[str, Any]) -> DataInfo:
     unknown = sorted(set(d) - known, key=str)
     if unknown:
         raise BadField(f"data_info: unknown field {quote(unknown[0])}; the fields are {', '.join(sorted(known))}")
-    for field, allowed in (("task", tuple(TASKS.names())), ("modality", typing.get_args(Modality)),
-                           ("input_dtype", ("float32", "int64"))):
+    task = d.get("task")
+    if not (task in TASKS or (isinstance(task, str) and TASK_NAME.fullmatch(task))):
+        raise BadField(f"data_info.task: expected a task name (one of {', '.join(TASKS.names())}, or a registered "
+                       f"one's), got {quote(task)}")
+    for field, allowed in (("modality", typing.get_args(Modality)), ("input_dtype", ("float32", "int64"))):
         if d.get(field) not in allowed:
             raise BadField(f"data_info.{field}: expected one of {', '.join(allowed)}, got {quote(d.get(field))}")
     shape = d.get("input_shape")
@@ -113,11 +119,35 @@ def info_from_dict(d: dict[str, Any]) -> DataInfo:
     names = d.get("class_names") or ()
     if not isinstance(names, (list, tuple)) or len(names) > num_classes or not all(isinstance(n, str) for n in names):
         raise BadField(f"data_info.class_names: expected at most num_classes ({num_classes}) names, got {quote(names)}")
+    inputs = _inputs(d.get("inputs") or ())
     return DataInfo(
-        task=d["task"], modality=d["modality"], input_shape=shape, input_dtype=d["input_dtype"], num_classes=num_classes,
+        inputs=inputs, task=d["task"], modality=d["modality"], input_shape=shape, input_dtype=d["input_dtype"], num_classes=num_classes,
         class_names=tuple(names), vocab_size=_count("vocab_size", d.get("vocab_size"), 1, MAX_CLASSES, optional=True),
         seq_len=_count("seq_len", d.get("seq_len"), 1, MAX_DIM, optional=True),
         pad_id=_count("pad_id", d.get("pad_id"), 0, MAX_CLASSES, optional=True))
+
+
+def _inputs(value: Any) -> tuple[InputInfo, ...]:
+    """data_info.inputs: at most MAX_INPUTS named inputs, each checked as input_shape and input_dtype are."""
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_INPUTS:
+        raise BadField(f"data_info.inputs: expected a list of at most {MAX_INPUTS} inputs, got {quote(value)}")
+    out = []
+    for i, one in enumerate(value):
+        where = f"data_info.inputs[{i}]"
+        if not isinstance(one, dict) or set(one) != {"name", "shape", "dtype", "modality"}:
+            raise BadField(f"{where}: expected {{name, shape, dtype, modality}}, got {quote(one)}")
+        if not isinstance(one["name"], str) or not TASK_NAME.fullmatch(one["name"]):
+            raise BadField(f"{where}.name: expected a lower-case name, got {quote(one['name'])}")
+        if one["dtype"] not in ("float32", "int64") or one["modality"] not in typing.get_args(Modality):
+            raise BadField(f"{where}: dtype float32 or int64, modality one of {', '.join(typing.get_args(Modality))}")
+        shape = one["shape"]
+        if not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= MAX_INPUT_DIMS:
+            raise BadField(f"{where}.shape: expected a list of 1 to {MAX_INPUT_DIMS} sizes, got {quote(shape)}")
+        shape = tuple(_count(f"inputs[{i}].shape[{j}]", n, 1, MAX_DIM) for j, n in enumerate(shape))
+        if math.prod(shape) > MAX_INPUT_ELEMENTS:
+            raise BadField(f"{where}.shape: {list(shape)} is more than {MAX_INPUT_ELEMENTS} values per sample")
+        out.append(InputInfo(one["name"], shape, one["dtype"], one["modality"]))
+    return tuple(out)
 
 
 def save_final_model(

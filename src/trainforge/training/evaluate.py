@@ -20,6 +20,7 @@ from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained
 from trainforge.engine.metrics import REPORTED, check_metric  # noqa: F401
 from trainforge.tasks import task_of
+from trainforge.tasks.batch import to_device
 from trainforge.engine.precision import autocast, resolve_precision
 
 SPLITS = ("train", "val", "test")
@@ -37,12 +38,13 @@ def evaluate_model(
     per-class report and confusion matrix)."""
     was_training = model.training
     model.eval()
-    evaluation = task_of(info).evaluation(info)
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+    task = task_of(info)
+    evaluation = task.evaluation(info)
+    for batch in loader:
+        batch = to_device(batch, device)
         with autocast(device, precision):
-            logits = model(x)
-        evaluation.add(logits.float(), y)
+            output = task.forward(model, batch)
+        evaluation.add_batch(output, batch)
     model.train(was_training)
     if evaluation.count == 0:
         raise UserError("the evaluation split is empty; raise data.val_fraction / data.test_fraction")
@@ -64,7 +66,8 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
     dataset = {"train": _plain_train(data), "val": data.val, "test": data.test}[split]
     model = trained.build_model().to(dev)
     batch = cfg.train.micro_batch_size if isinstance(cfg.train.micro_batch_size, int) else 256
-    loader = make_eval_loader(dataset, batch_size=batch, num_workers=0, pin_memory=dev.type == "cuda")
+    loader = make_eval_loader(dataset, batch_size=batch, num_workers=0, pin_memory=dev.type == "cuda",
+                              collate=task_of(trained.info).collate)
     result = evaluate_model(model, loader, info=trained.info, device=dev, precision=resolve_precision(cfg.train.precision, dev.type, supports_bf16(dev))[0])
     return {"split": split, "step": trained.step, "checkpoint": str(trained.source), **result}
 

@@ -40,7 +40,6 @@ from trainforge.engine.data_parallel import agree, barrier, broadcast_object, ga
 from trainforge.engine.early_stop import EarlyStopper
 from trainforge.engine.hooks import FitHooks, LossFn  # noqa: F401  (FitHooks: importable from here too)
 from trainforge.engine.ema import EMA
-from trainforge.engine.losses import task_loss
 from trainforge.engine.metrics import MetricsLog, NullLog, Window, truncate_metrics
 from trainforge.engine.optim import build_optimizer, set_lr
 from trainforge.engine.precision import autocast, make_scaler
@@ -59,6 +58,8 @@ from trainforge.training.evaluate import evaluate_model
 from trainforge.training.setup import OOMNote, RunSetup
 from trainforge.training.state import RunFacts, TrainState
 from trainforge.training.strategy import STRATEGIES, Strategy
+from trainforge.tasks import Task, task_of
+from trainforge.tasks.batch import to_device
 
 @dataclass
 class TrainResult:
@@ -117,12 +118,13 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
         truncate_metrics(run_dir / SAMPLES, after_step=state.step)  # a chat run's answers, likewise
     batches = TrainBatches(inputs.data.train, seed=loop.seed, micro_batch_size=setup.micro_batch_size,
                            global_batch_size=setup.global_batch_size, num_workers=setup.num_workers,
-                           pin_memory=setup.pin_memory, rank=env.rank, world_size=env.world_size)
+                           pin_memory=setup.pin_memory, rank=env.rank, world_size=env.world_size,
+                           collate=task_of(info).collate)
     # evaluation runs at the training micro-batch: a forward pass at the size the run was planned and fitted for
     # needs less memory than that training step. A floor of 64 used to hold GPT-2 at 1,024 tokens at 51-60 GiB on an
     # H200 whatever the micro-batch (logits over a 50k vocabulary), an OOM on a 24-48 GiB GPU where training fits.
-    val_loader = make_eval_loader(inputs.data.val, batch_size=setup.micro_batch_size,
-                                  num_workers=setup.num_workers, pin_memory=setup.pin_memory)
+    val_loader = make_eval_loader(inputs.data.val, batch_size=setup.micro_batch_size, num_workers=setup.num_workers,
+                                  pin_memory=setup.pin_memory, collate=task_of(info).collate)
     facts = RunFacts(loop.seed, loop.config_yaml, info_to_dict(info), inputs.data.preprocess, base_reference(model))
     # one voice: rank 0 logs and shows progress
     metrics = (MetricsLog(run_dir / METRICS, run_dir / TENSORBOARD if loop.tensorboard else None)
@@ -150,7 +152,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             # retries the same samples with the smaller setup the resolver gives
             rng_at_step = torch.get_rng_state()
             while True:
-                out = forward_backward(step_model, it, strategy, state, run_dir, step, stop, task=info.task,
+                out = forward_backward(step_model, it, strategy, state, run_dir, step, stop, task=task_of(info),
                                        label_smoothing=loop.label_smoothing, loss_fn=hooks.loss)
                 if not out.oom:
                     break
@@ -232,7 +234,7 @@ class StepOutcome:
 
 
 def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strategy, state: TrainState, run_dir: Path,
-                     step: int, stop: StopFlag, *, task: str, label_smoothing: float,
+                     step: int, stop: StopFlag, *, task: Task, label_smoothing: float,
                      loss_fn: Optional[LossFn] = None) -> StepOutcome:
     """Accumulate gradients of the mean loss over `accumulation` micro-batches.
 
@@ -250,20 +252,16 @@ def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strateg
         for i in range(accumulation):
             with strategy.micro_batch(last=i == accumulation - 1):
                 t0 = time.perf_counter()
-                x, y = next(batches)
+                batch = next(batches)
                 wait_s += time.perf_counter() - t0
-                if setup.channels_last and x.dim() == 4:
-                    x = x.to(device, non_blocking=True, memory_format=torch.channels_last)
-                else:
-                    x = x.to(device, non_blocking=True)
-                y = y.to(device, non_blocking=True)
+                batch = to_device(batch, device, channels_last=setup.channels_last)
                 with autocast(device, setup.precision):
-                    logits = step_model(x)
+                    output = task.forward(step_model, batch)
                 if loss_fn is not None:
-                    loss = loss_fn(logits.float(), x, y) / accumulation
+                    loss = loss_fn(output.float(), task.inputs(batch), task.target(batch)) / accumulation
                 else:
-                    loss = task_loss(logits.float(), y, task, label_smoothing=label_smoothing) / accumulation
-                del logits  # not needed by backward (the loss keeps what it needs): one logits tensor less at the peak
+                    loss = task.training_loss(output, batch, label_smoothing=label_smoothing) / accumulation
+                del output, batch  # not needed by backward (the loss keeps what it needs): one output less at the peak
                 total += loss.detach()
                 if i < accumulation - 1:
                     scaler.scale(loss).backward()
@@ -362,7 +360,7 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
                      metrics=final_val, ran=ran, native={folder: with_tokenizer(w) for folder, w in formats.items()},
                      base=base_reference(model))
     test_loader = make_eval_loader(inputs.data.test, batch_size=setup.micro_batch_size, num_workers=0,
-                                   pin_memory=setup.pin_memory)
+                                   pin_memory=setup.pin_memory, collate=task_of(info).collate)
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)
     result.eval = {"split": "test", "step": final_step, **test}
     write_text_atomic(run_dir / EVAL, json.dumps(result.eval, indent=1))

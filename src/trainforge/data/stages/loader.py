@@ -12,7 +12,7 @@ Iterating never advances the sampler by itself: call `set_position` before each 
 from __future__ import annotations
 
 import signal
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -180,13 +180,16 @@ def ignore_stop_signals(worker_id: int) -> None:
 
 
 def make_train_loader(
-    dataset: Dataset, sampler: PositionBatchSampler, *, num_workers: int, pin_memory: bool
+    dataset: Dataset, sampler: PositionBatchSampler, *, num_workers: int, pin_memory: bool,
+    collate: Optional[Callable[[list], Any]] = None,
 ) -> DataLoader:
-    """Micro-batches `(x, y)` in the sampler's order; workers persist across epochs (the sampler
-    lives in the main process, so `set_position` between epochs still takes effect)."""
+    """Micro-batches in the sampler's order, each the task's `collate` of its samples (None: torch's default, a
+    pair `(x, y)` of stacked tensors); workers persist across epochs (the sampler lives in the main process, so
+    `set_position` between epochs still takes effect)."""
     return DataLoader(
         dataset,
         batch_sampler=sampler,
+        collate_fn=collate,
         num_workers=num_workers,
         pin_memory=pin_memory,
         persistent_workers=num_workers > 0,
@@ -201,11 +204,13 @@ def _private_generator() -> torch.Generator:
     return torch.Generator()
 
 
-def make_eval_loader(dataset: Dataset, *, batch_size: int, num_workers: int, pin_memory: bool) -> DataLoader:
-    """All of `dataset` in index order, the last batch possibly smaller."""
+def make_eval_loader(dataset: Dataset, *, batch_size: int, num_workers: int, pin_memory: bool,
+                     collate: Optional[Callable[[list], Any]] = None) -> DataLoader:
+    """All of `dataset` in index order, the last batch possibly smaller; `collate` as for make_train_loader."""
     return DataLoader(
         dataset,
         batch_size=batch_size,
+        collate_fn=collate,
         shuffle=False,
         drop_last=False,
         num_workers=num_workers,
@@ -240,14 +245,16 @@ class TrainBatches:
     """
 
     def __init__(self, dataset: Dataset, *, seed: int, micro_batch_size: int, global_batch_size: int,
-                 num_workers: int, pin_memory: bool, rank: int = 0, world_size: int = 1) -> None:
+                 num_workers: int, pin_memory: bool, rank: int = 0, world_size: int = 1,
+                 collate: Optional[Callable[[list], Any]] = None) -> None:
         self.global_batch_size = global_batch_size
         order: Optional[ShardOrder] = getattr(dataset, "order", None)
         geometry = dict(seed=seed, micro_batch_size=micro_batch_size, global_batch_size=global_batch_size, rank=rank,
                         world_size=world_size)
         self.sampler = (PositionBatchSampler(len(dataset), **geometry) if order is None  # type: ignore[arg-type]
                         else ShardBatchSampler(order, **geometry))  # type: ignore[arg-type]
-        self.loader = make_train_loader(dataset, self.sampler, num_workers=num_workers, pin_memory=pin_memory)
+        self.loader = make_train_loader(dataset, self.sampler, num_workers=num_workers, pin_memory=pin_memory,
+                                        collate=collate)
 
     def at(self, epoch: int, position: int, micro_batch_size: Optional[int] = None) -> Iterator:
         if micro_batch_size is not None:

@@ -1,0 +1,142 @@
+"""A task that is not shipped, registered by a module the run imports (tests/plugin_tasks.py), through every stage
+the core runs without naming a task (issue 41, point 6): train, evaluate, SIGKILL mid-epoch and resume
+bit-identical, two processes against one at twice the micro-batch, and the planner's simulated peak against a real
+step. Its batches are dicts of named inputs, which the core batches, moves and plans through the task alone."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import trainforge
+from plugin_tasks import fusion_data
+from trainforge.cli import main
+from trainforge.config import ModelConfig, OptimConfig
+from trainforge.planning.simulate import measure_real_step, simulate_step
+
+TESTS = str(Path(__file__).resolve().parents[1])  # where plugin_tasks.py is: the runs import it from here
+FUSION = ["data.source=custom", "data.target=plugin_tasks:fusion_data", "model.name=custom",
+          "model.target=plugin_tasks:fusion_model", "model.args={width: 16}", "optim.name=adamw", "optim.lr=0.003", "schedule.warmup_steps=0",
+          "train.global_batch_size=16", "train.device=cpu", "train.early_stopping=null", "train.deterministic=true",
+          "train.num_threads=1", "train.log_every_steps=1", "log.progress=false", "log.tensorboard=false",
+          "log.report=false"]
+
+
+def fusion(*extra: str, micro: int = 8) -> list[str]:
+    return [*FUSION, f"train.micro_batch_size={micro}", *extra]
+
+
+def cli(run_dir: Path, *overrides: str, nproc: int = 1) -> list[str]:
+    cmd = [sys.executable, "-m", "trainforge", "train", *overrides, "--run-dir", str(run_dir)]
+    return cmd + (["--nproc-per-node", str(nproc)] if nproc > 1 else [])
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH")) if p))
+
+
+def train_losses(run_dir: Path) -> list[float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r["split"] == "train"]
+
+
+def test_a_fusion_run_trains_on_dict_batches_and_evaluates_through_its_task(tmp_path, capsys):
+    run = tmp_path / "run"
+    result = trainforge.train(trainforge.load_config(None, fusion("train.epochs=4")), run_dir=run)
+    assert result.status == "completed"
+    ev = json.loads((run / "eval.json").read_text())
+    # the label needs both inputs (either alone is right 3 times in 4): the run learned from the fused batch
+    assert ev["accuracy"] > 0.75 and ev["class_names"] == ["low", "high"] and "confusion_matrix" in ev
+    stored = json.loads((run / "final" / "model.json").read_text())["data_info"]
+    assert stored["task"] == "fusion"  # and each input by name, as the data described it
+    assert [(i["name"], i["shape"], i["modality"]) for i in stored["inputs"]] == [
+        ("image", [1, 8, 8], "image"), ("features", [6], "tabular")]
+    with pytest.raises(SystemExit) as code:
+        main(["eval", str(run), "--split", "test", "--json"])
+    assert code.value.code in (0, None)
+    again = json.loads(capsys.readouterr().out)
+    assert again["accuracy"] == ev["accuracy"] and again["loss"] == pytest.approx(ev["loss"], rel=1e-6)
+
+
+def test_the_planner_simulates_the_fusion_tasks_dict_batch_within_15_percent_of_a_real_step():
+    info = fusion_data(num_samples=8).info
+    model = ModelConfig(name="custom", target="plugin_tasks:fusion_model")
+    sim = simulate_step(model, OptimConfig(name="adamw"), info, micro_batch_size=32)
+    real = measure_real_step(model, OptimConfig(name="adamw"), info, micro_batch_size=32)
+    assert sim.peak_bytes == pytest.approx(real, rel=0.15)
+    assert sim.model_flops_per_sample > 0
+
+
+def test_plan_names_a_setup_for_the_fusion_recipe(tmp_path, capsys):
+    recipe = tmp_path / "fusion.yaml"
+    recipe.write_text("name: fusion\n")
+    with pytest.raises(SystemExit) as code:
+        main(["plan", str(recipe), *fusion(), "--json"])
+    assert code.value.code in (0, None), capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert doc  # a plan was made from the task's example batch
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_fusion_run_sigkilled_mid_epoch_resumes_bit_identical(tmp_path):
+    overrides = fusion("train.epochs=3", "train.checkpoint_every_steps=5")
+    reference = tmp_path / "reference"
+    assert trainforge.train(trainforge.load_config(None, overrides), run_dir=reference).status == "completed"
+    run, rng, kills = tmp_path / "killed", random.Random(41), 0
+    while True:
+        proc = subprocess.Popen(cli(run, *overrides) + ["--resume", "auto"], env=env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        if kills < 3 and _wait_for_new_checkpoint(proc, run):
+            time.sleep(rng.uniform(0.0, 0.2))  # somewhere in a step: 32 steps an epoch, a checkpoint every 5
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+        break
+    assert kills >= 2
+    a, b = load_file(str(reference / "final" / "model.safetensors")), load_file(str(run / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((run / "eval.json").read_text())["accuracy"] == json.loads(
+        (reference / "eval.json").read_text())["accuracy"]
+
+
+def _latest(run_dir: Path) -> int:
+    try:
+        return int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
+    except (OSError, ValueError):
+        return -1
+
+
+def _wait_for_new_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout_s: float = 120) -> bool:
+    start, deadline = _latest(run_dir), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        if _latest(run_dir) > start:
+            return True
+        time.sleep(0.02)
+    raise AssertionError("the run made no progress")
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_two_processes_on_the_fusion_task_match_one_at_twice_the_micro_batch(tmp_path):
+    trainforge.train(trainforge.load_config(None, fusion("train.max_steps=20", micro=8)), run_dir=tmp_path / "one")
+    two = subprocess.run(cli(tmp_path / "two", *fusion("train.max_steps=20", micro=4), nproc=2), env=env(),
+                         capture_output=True, text=True, timeout=300)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one, other = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
+    assert len(one) == len(other) == 20
+    assert max(abs(a - b) for a, b in zip(one, other)) < 1e-5
