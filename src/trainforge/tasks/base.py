@@ -125,7 +125,8 @@ class Evaluation:
         self.count += target.numel()
 
     @property
-    def mean_loss(self) -> float:
+    def mean_loss(self) -> Optional[float]:
+        """The pass's mean loss; None for a task whose model gives no loss in eval mode (torchvision's detectors)."""
         return self.loss_sum / self.count
 
     def result(self, detailed: bool) -> dict[str, Any]:

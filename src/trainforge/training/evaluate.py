@@ -48,7 +48,9 @@ def evaluate_model(
     model.train(was_training)
     if evaluation.count == 0:
         raise UserError("the evaluation split is empty; raise data.val_fraction / data.test_fraction")
-    return {"loss": evaluation.mean_loss, "num_samples": len(loader.dataset), **evaluation.result(detailed)}
+    loss = evaluation.mean_loss
+    return {**({"loss": loss} if loss is not None else {}), "num_samples": len(loader.dataset),
+            **evaluation.result(detailed)}
 
 
 def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[str] = None, *,
