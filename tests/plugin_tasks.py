@@ -6,6 +6,8 @@ through its `data.target` and `model.target` (tests put this folder on PYTHONPAT
     detection: boxes and labels, one to three per image (a list of dicts, one per image, as torchvision's detection
             targets are), and a model that returns its loss dict in training mode and its detections in eval mode,
             as torchvision's detectors do (issue 28).
+    volume: 5-D inputs (N, 1, D, H, W) with a class per voxel (issue 29's CT), trained on 8^3 patches and evaluated
+            on 16^3 volumes by sliding-window inference over patches the size the model trained on.
 
 Each task's data has a known answer, so a test can tell learning from noise.
 """
@@ -222,3 +224,107 @@ class SlotDetector(nn.Module):
 
 def detection_model(info: DataInfo, width: int = 16) -> tuple[nn.Module, InputSpec]:
     return SlotDetector(width), InputSpec(tuple(info.input_shape), torch.float32)
+
+
+# ---------------------------------------------------------------- volumes
+
+PATCH = 8  # training patches are PATCH^3 voxels
+WHOLE = 16  # evaluation volumes are WHOLE^3: larger than the patch, seen through a sliding window
+
+
+def sliding_window(model: nn.Module, volumes: torch.Tensor, patch: int, overlap: int) -> torch.Tensor:
+    """Per-voxel logits of whole volumes (N, C, D, H, W) from a model that takes patch^3 inputs: windows `overlap`
+    voxels apart overlapping, each voxel the mean of the windows that cover it (a plain average, as MONAI's
+    sliding_window_inference does with mode="constant")."""
+    n, _, *size = volumes.shape
+    stride = patch - overlap
+    starts = [sorted({*range(0, s - patch + 1, stride), s - patch}) for s in size]
+    total = count = None
+    for z in starts[0]:
+        for y in starts[1]:
+            for x in starts[2]:
+                out = model(volumes[:, :, z:z + patch, y:y + patch, x:x + patch]).float()
+                if total is None:
+                    total = volumes.new_zeros((n, out.shape[1], *size), dtype=torch.float32)
+                    count = volumes.new_zeros((1, 1, *size), dtype=torch.float32)
+                total[:, :, z:z + patch, y:y + patch, x:x + patch] += out
+                count[:, :, z:z + patch, y:y + patch, x:x + patch] += 1
+    return total / count
+
+
+class Volume(Task):
+    """A sample is (volume (1, D, H, W), labels (D, H, W)); training batches are patches, evaluation batches whole
+    volumes, which `forward` reads through a sliding window in eval mode. Per-voxel cross-entropy; Dice of the
+    foreground class."""
+
+    name = "volume"
+    title = "volume segmentation"
+    description = "a class per voxel of a 3-D volume, sliding-window evaluation (test only)"
+    metrics = ("loss", "dice")
+    default_metric = "dice"
+    higher_is_better = frozenset({"dice"})
+
+    def forward(self, model: nn.Module, batch: Any) -> torch.Tensor:
+        volumes = batch[0]
+        return model(volumes) if model.training else sliding_window(model, volumes, PATCH, PATCH // 2)
+
+    def loss(self, output, target, *, label_smoothing=0.0, reduction="mean"):
+        return F.cross_entropy(output, target, label_smoothing=label_smoothing, reduction=reduction)
+
+    def example_target(self, info: Any, batch_size: int) -> torch.Tensor:
+        return torch.zeros((batch_size, *info.input_shape[1:]), dtype=torch.long)
+
+    def evaluation(self, info: Any) -> Evaluation:
+        return DiceEvaluation(self)
+
+
+class DiceEvaluation(Evaluation):
+    def __init__(self, task: Task) -> None:
+        super().__init__(task)
+        self.overlap = self.sizes = 0
+
+    def add(self, output: torch.Tensor, target: torch.Tensor) -> None:
+        super().add(output, target)
+        predicted, wanted = output.argmax(1) == 1, target == 1
+        self.overlap += int((predicted & wanted).sum())
+        self.sizes += int(predicted.sum() + wanted.sum())
+
+    def result(self, detailed: bool) -> dict[str, Any]:
+        return {"dice": 2 * self.overlap / self.sizes if self.sizes else 1.0}
+
+
+if "volume" not in TASKS:
+    register_task(Volume)
+
+
+class VolumeSamples(Dataset):
+    """Noisy volumes holding one bright ball (label 1 inside it, 0 outside); `side` voxels a side."""
+
+    def __init__(self, num_samples: int, side: int, seed: int) -> None:
+        g = torch.Generator().manual_seed(seed)
+        grid = torch.stack(torch.meshgrid(*[torch.arange(side, dtype=torch.float32)] * 3, indexing="ij"))
+        self.items = []
+        for _ in range(num_samples):
+            center = torch.rand(3, generator=g) * side
+            radius = 2.0 + torch.rand((), generator=g) * side / 4
+            inside = ((grid - center[:, None, None, None]) ** 2).sum(0) <= radius ** 2
+            volume = 0.5 * torch.randn((1, side, side, side), generator=g) + inside.float()
+            self.items.append((volume, inside.long()))
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, key: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.items[key[1] if isinstance(key, tuple) else key]
+
+
+def volume_data(num_samples: int = 128, seed: int = 0) -> DataBundle:
+    info = DataInfo("volume", "image", (1, PATCH, PATCH, PATCH), "float32", 2, ("background", "ball"))
+    return DataBundle(info, VolumeSamples(num_samples, PATCH, seed), VolumeSamples(8, WHOLE, seed + 1),
+                      VolumeSamples(8, WHOLE, seed + 2), report={"source": "volume test data"})
+
+
+def volume_model(info: DataInfo, width: int = 16) -> tuple[nn.Module, InputSpec]:
+    model = nn.Sequential(nn.Conv3d(1, width, 3, padding=1), nn.ReLU(), nn.Conv3d(width, width, 3, padding=1),
+                          nn.ReLU(), nn.Conv3d(width, 2, 1))
+    return model, InputSpec(tuple(info.input_shape), torch.float32)

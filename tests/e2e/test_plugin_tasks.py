@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import trainforge
-from plugin_tasks import detection_data, fusion_data
+from plugin_tasks import PATCH, WHOLE, Volume, detection_data, fusion_data, volume_data, volume_model
 from trainforge.cli import main
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.planning.simulate import measure_real_step, simulate_step
@@ -31,8 +31,8 @@ COMMON = ["model.name=custom", "model.args={width: 16}", "optim.name=adamw", "op
           "train.deterministic=true", "train.num_threads=1", "train.log_every_steps=1", "log.progress=false",
           "log.tensorboard=false", "log.report=false"]
 TASK_RUNS = {name: ["data.source=custom", f"data.target=plugin_tasks:{name}_data",
-                    f"model.target=plugin_tasks:{name}_model", *COMMON] for name in ("fusion", "detection")}
-DATA = {"fusion": fusion_data, "detection": detection_data}
+                    f"model.target=plugin_tasks:{name}_model", *COMMON] for name in ("fusion", "detection", "volume")}
+DATA = {"fusion": fusion_data, "detection": detection_data, "volume": volume_data}
 
 
 def run_overrides(*extra: str, micro: int = 8, task: str = "fusion") -> list[str]:
@@ -86,6 +86,23 @@ def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detect
         main(["eval", str(run), "--split", "test", "--json"])
     assert code.value.code in (0, None)
     assert json.loads(capsys.readouterr().out)["recall_50"] == ev["recall_50"]
+
+
+def test_a_volume_run_trains_on_patches_and_evaluates_larger_volumes_through_a_sliding_window(tmp_path):
+    run = tmp_path / "run"
+    assert trainforge.train(trainforge.load_config(None, run_overrides("train.epochs=4", task="volume")),
+                            run_dir=run).status == "completed"
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["dice"] > 0.8 and ev["loss"] < 0.3, ev  # the ball, voxel by voxel, in volumes it never trained on
+    model, _ = volume_model(volume_data(8).info)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape)))
+    volumes, labels = Volume().collate([volume_data(8).test[i] for i in range(2)])
+    assert volumes.shape == (2, 1, WHOLE, WHOLE, WHOLE)
+    with torch.no_grad():
+        logits = Volume().forward(model.eval(), (volumes, labels))
+    assert logits.shape == (2, 2, WHOLE, WHOLE, WHOLE)  # every voxel of the whole volume
+    assert set(seen) == {(2, 1, PATCH, PATCH, PATCH)} and len(seen) == 27  # 3 overlapping windows a side
 
 
 def _untrained_recall() -> float:
