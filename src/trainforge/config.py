@@ -180,8 +180,8 @@ class ScheduleConfig(Section):
 
 
 class EarlyStoppingConfig(Section):
-    metric: str = "loss"  # a val metric name: loss, accuracy, macro_f1, perplexity
-    mode: Literal["min", "max"] = "min"
+    metric: Optional[str] = None  # a val metric the task reports (`trainforge tasks`); None: the task's default
+    mode: Optional[Literal["min", "max"]] = None  # None: the direction the metric improves in (the task says)
     patience: int = Field(5, gt=0, le=MAX_COUNT)  # evaluations without improvement
     min_delta: float = Field(0.0, ge=0)
 

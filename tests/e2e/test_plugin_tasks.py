@@ -73,11 +73,16 @@ def test_a_fusion_run_trains_on_dict_batches_and_evaluates_through_its_task(tmp_
 
 def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detections(tmp_path, capsys):
     run = tmp_path / "run"
-    assert trainforge.train(trainforge.load_config(None, run_overrides("train.epochs=6", task="detection")),
-                            run_dir=run).status == "completed"
+    # early stopping with no metric named: the task's default (recall_50), maximized
+    overrides = run_overrides("train.epochs=6", "train.early_stopping={patience: 100}", task="detection")
+    assert trainforge.train(trainforge.load_config(None, overrides), run_dir=run).status == "completed"
+    last = sorted((run / "checkpoints").glob("step-*"))[-1]
+    best = torch.load(last / "state.pt", weights_only=False)["early_stop"]["best"]
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     val = [r for r in rows if r["split"] == "val"]
     assert val and all("loss" not in r for r in val)  # in eval mode the model gives detections, not losses
+    step = int(last.name.removeprefix("step-"))
+    assert best == max(r["recall_50"] for r in val if r["step"] <= step)
     ev = json.loads((run / "eval.json").read_text())
     assert "loss" not in ev and set(ev) >= {"recall_50", "precision_50"}
     untrained = _untrained_recall()

@@ -76,3 +76,16 @@ def test_min_mode_early_stopping():
     assert es.update({"loss": 0.5})
     assert not es.update({"loss": 0.7}) and es.should_stop
     assert not math.isnan(es.best)
+
+
+def test_early_stopping_without_a_metric_takes_the_tasks_default_and_its_direction():
+    from trainforge.config import EarlyStoppingConfig
+    from trainforge.tasks import TASKS
+    from trainforge.training.loop import stopper_for
+
+    classify = stopper_for(EarlyStoppingConfig(patience=3), TASKS.get("classification"))
+    assert (classify.metric, classify.mode, classify.patience) == ("accuracy", "max", 3)
+    lm = stopper_for(EarlyStoppingConfig(), TASKS.get("lm"))
+    assert (lm.metric, lm.mode) == ("loss", "min")
+    named = stopper_for(EarlyStoppingConfig(metric="loss"), TASKS.get("classification"))
+    assert (named.metric, named.mode) == ("loss", "min")  # the named metric's direction, not the default's

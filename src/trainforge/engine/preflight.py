@@ -119,7 +119,8 @@ def preflight(cfg: Config, *, world_size: int = 1, fit_stats: bool = True, store
     model = _build(cfg, data.info, on_meta, model_factory)
     frozen, total = freeze(model, cfg.train.freeze) if cfg.train.freeze else (0, 0)  # before any wrapping or optimizer
     if cfg.train.early_stopping is not None:
-        check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")
+        if cfg.train.early_stopping.metric is not None:  # None: the task's default, which it reports
+            check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")
     facts = DataFacts(data.info, epoch_samples(data.train, world_size), is_convolutional(model),
                       describe_model(model, cfg.optim, adapters=cfg.model.lora is not None))
     return Preflight(data, model, facts, frozen, total)

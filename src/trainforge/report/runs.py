@@ -39,6 +39,7 @@ from trainforge.config import read_yaml
 from trainforge.errors import UserError
 from trainforge.metrics_file import metric_series, read_metrics
 from trainforge.layout import CHECKPOINTS, CONFIG, EVAL, FINAL, LATEST, META, METRICS, TENSORBOARD, JobDir
+from trainforge.tasks import TASKS
 
 FINAL_META = Path(FINAL) / META  # training.artifacts: the final model's facts, `ran` among them
 LATEST_FILE = Path(CHECKPOINTS) / LATEST  # engine.checkpoint: names the newest complete checkpoint, written last
@@ -151,7 +152,8 @@ def summarize(files: RunFiles, now: Optional[float] = None) -> RunSummary:
     run_dir, rows = files.run_dir, files.rows
     train_cfg = _mapping(files.config.get("train"))
     ran = _mapping(files.final.get("ran"))
-    metric, mode = judged_metric(train_cfg, rows)
+    task = _mapping(files.final.get("data_info")).get("task") or _mapping(files.config.get("data")).get("task")
+    metric, mode = judged_metric(train_cfg, rows, task)
     val_steps, values = metric_series(rows, "val", metric)
     best = None
     if values:
@@ -177,12 +179,20 @@ def summarize(files: RunFiles, now: Optional[float] = None) -> RunSummary:
     )
 
 
-def judged_metric(train_cfg: Mapping[str, Any], rows: list[dict]) -> tuple[str, str]:
+def judged_metric(train_cfg: Mapping[str, Any], rows: list[dict], task_name: Any = None) -> tuple[str, str]:
     """(metric, "max" | "min"): train.early_stopping's when the run has it (what its training optimized for), else
-    accuracy for a classifier (the report's headline) and loss for anything else (an LM's perplexity follows it)."""
+    the run's task's default metric (`trainforge tasks`) and its direction; for a run whose task is not known here,
+    accuracy when its rows have it, else loss."""
+    task = TASKS.get(task_name) if isinstance(task_name, str) and task_name in TASKS else None
     early = _mapping(train_cfg.get("early_stopping"))
-    if isinstance(early.get("metric"), str):
-        return early["metric"], "max" if early.get("mode") == "max" else "min"
+    metric = early.get("metric") if isinstance(early.get("metric"), str) else None
+    if early and task is not None:
+        metric = metric or task.default_metric
+        return metric, early.get("mode") if early.get("mode") in ("min", "max") else task.direction(metric)
+    if metric is not None:
+        return metric, "max" if early.get("mode") == "max" else "min"
+    if task is not None:
+        return task.default_metric, task.direction(task.default_metric)
     if any(r.get("split") == "val" and "accuracy" in r for r in rows):
         return "accuracy", "max"
     return "loss", "min"

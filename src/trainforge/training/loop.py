@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from trainforge.config import Config
+from trainforge.config import Config, EarlyStoppingConfig
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.stages.loader import TrainBatches, make_eval_loader
 from trainforge.data.summary import runtime_line
@@ -107,7 +107,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
     optimizer = build_optimizer(model, loop.optim)
     es = loop.early_stopping
     state = TrainState(setup, make_scaler(device, setup.precision), ema=EMA(model, loop.ema_decay) if loop.ema_decay else None,
-                       stopper=EarlyStopper(es.metric, es.mode, es.patience, es.min_delta) if es else None)
+                       stopper=stopper_for(es, task_of(info)) if es else None)
     if inputs.resume_from is not None:  # weights, optimizer, scaler, EMA, early stopping, counters; the RNG last
         payload, groups = strategy.restore(inputs.resume_from, model, optimizer,
                                            state.templates(kept_weights(model, model.state_dict()), strategy.snapshot))
@@ -231,6 +231,12 @@ class StepOutcome:
     oom: bool  # some rank ran out of memory before the communicating backward: retry the step smaller
     stop: bool  # some rank got SIGTERM/SIGINT
     data_wait_s: float  # mean over the ranks
+
+
+def stopper_for(es: EarlyStoppingConfig, task: Task) -> EarlyStopper:
+    """train.early_stopping with its defaults filled from the task: its default metric, the metric's direction."""
+    metric = es.metric or task.default_metric
+    return EarlyStopper(metric, es.mode or task.direction(metric), es.patience, es.min_delta)
 
 
 def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strategy, state: TrainState, run_dir: Path,
