@@ -43,14 +43,14 @@ def task_branches(tree: ast.AST) -> list[int]:
     return sorted(lines)
 
 
-def branches_by_file() -> dict[str, list[int]]:
+def branches_by_file(src: Path = SRC) -> dict[str, list[int]]:
     found = {}
-    for path in sorted(SRC.rglob("*.py")):
-        if path.relative_to(SRC).parts[0] == REGISTRY:
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).parts[0] == REGISTRY:
             continue
         lines = task_branches(ast.parse(path.read_text(encoding="utf-8")))
         if lines:
-            found[str(path.relative_to(SRC))] = lines
+            found[str(path.relative_to(src))] = lines
     return found
 
 
@@ -82,3 +82,31 @@ task = TASKS.get(cfg.task)
 name = "lm"
 '''
     assert task_branches(ast.parse(fine)) == []
+
+
+def test_a_branch_planted_in_a_copy_of_the_source_is_found_and_the_registry_may_branch(tmp_path):
+    import shutil
+
+    copy = tmp_path / "trainforge"
+    shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    loop = copy / "training" / "loop.py"
+    loop.write_text(loop.read_text() + '\n\ndef planted(info):\n    return 1 if info.task == "lm" else 0\n')
+    (copy / "tasks" / "planted.py").write_text('def ok(info):\n    return info.task == "lm"\n')
+    found = branches_by_file(copy)
+    assert list(found) == ["training/loop.py"] and len(found["training/loop.py"]) == 1
+
+
+def test_the_tasks_command_lists_each_task_with_its_default_metric(capsys):
+    import json
+
+    import pytest
+
+    from trainforge.cli import main
+
+    with pytest.raises(SystemExit) as code:
+        main(["tasks", "--json"])
+    assert code.value.code in (0, None)
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert (rows["classification"]["default_metric"], rows["classification"]["direction"]) == ("accuracy", "max")
+    assert (rows["lm"]["default_metric"], rows["lm"]["direction"]) == ("loss", "min")
+    assert rows["lm"]["metrics"] == ["loss", "perplexity"] and all(r["description"] for r in rows.values())

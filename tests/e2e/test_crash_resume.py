@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional, Sequence
 
 import pytest
 import torch
@@ -27,11 +28,29 @@ OVERRIDES = [
 ]
 
 
-def launch(run_dir: Path) -> subprocess.Popen:
+def launch(run_dir: Path, overrides: Sequence[str] = OVERRIDES, env: Optional[dict] = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "trainforge", "train", *OVERRIDES, "--run-dir", str(run_dir), "--resume", "auto"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "trainforge", "train", *overrides, "--run-dir", str(run_dir), "--resume", "auto"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
     )
+
+
+def kill_and_resume(start: Callable[[], subprocess.Popen], run_dir: Path, *, kills: int, seed: int,
+                    pause_s: float) -> int:
+    """Start the run, SIGKILL it up to `kills` times, each a random moment (0..pause_s) after a new checkpoint,
+    start it again each time (it resumes), and let the last start finish; returns the kills made."""
+    rng, made = random.Random(seed), 0
+    while True:
+        proc = start()
+        if made < kills and wait_for_progress(proc, run_dir):
+            time.sleep(rng.uniform(0.0, pause_s))  # somewhere in a step, an evaluation or a checkpoint write
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                made += 1
+                continue
+        assert proc.wait(timeout=300) == 0, proc.stderr.read()
+        return made
 
 
 def latest_step(run_dir: Path) -> int:
@@ -67,20 +86,7 @@ def test_sigkill_at_random_points_then_resume_matches_uninterrupted(tmp_path: Pa
     assert trainforge.train(trainforge.load_config(None, OVERRIDES), run_dir=reference).status == "completed"
 
     run = tmp_path / "killed"
-    rng = random.Random(20261129)
-    kills = 0
-    while True:
-        proc = launch(run)
-        if kills < 4 and wait_for_progress(proc, run):
-            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in a step, an evaluation or a checkpoint write
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                continue
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()
-        break
-    assert kills >= 3
+    assert kill_and_resume(lambda: launch(run), run, kills=4, seed=20261129, pause_s=0.4) >= 3
     assert_bit_identical(reference, run)
     assert (run / "eval.json").exists() and (run / "report.html").exists()
     assert not list((run / "checkpoints").glob(".tmp-*")), "leftover temp checkpoint directories"

@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import trainforge
 from plugin_tasks import PATCH, WHOLE, Volume, detection_data, fusion_data, volume_data, volume_model
+from test_crash_resume import assert_bit_identical, kill_and_resume, launch
 from trainforge.cli import main
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.planning.simulate import measure_real_step, simulate_step
@@ -74,7 +71,8 @@ def test_a_fusion_run_trains_on_dict_batches_and_evaluates_through_its_task(tmp_
 def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detections(tmp_path, capsys):
     run = tmp_path / "run"
     # early stopping with no metric named: the task's default (recall_50), maximized
-    overrides = run_overrides("train.epochs=6", "train.early_stopping={patience: 100}", task="detection")
+    overrides = run_overrides("train.epochs=6", "train.early_stopping={patience: 100}", "log.report=true",
+                              task="detection")
     assert trainforge.train(trainforge.load_config(None, overrides), run_dir=run).status == "completed"
     last = sorted((run / "checkpoints").glob("step-*"))[-1]
     best = torch.load(last / "state.pt", weights_only=False)["early_stop"]["best"]
@@ -85,6 +83,7 @@ def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detect
     assert best == max(r["recall_50"] for r in val if r["step"] <= step)
     ev = json.loads((run / "eval.json").read_text())
     assert "loss" not in ev and set(ev) >= {"recall_50", "precision_50"}
+    assert "recall_50" in (run / "report.html").read_text()  # the report charts what the task reports
     untrained = _untrained_recall()
     assert ev["recall_50"] > untrained + 0.1, (ev, untrained)  # it learned where the boxes are
     with pytest.raises(SystemExit) as code:
@@ -135,6 +134,16 @@ def test_the_planner_simulates_a_plugin_tasks_batch_within_15_percent_of_a_real_
 
 
 @pytest.mark.parametrize("task", sorted(TASK_RUNS))
+def test_micro_batch_auto_sizes_a_plugin_tasks_batch(task, tmp_path):
+    """`micro_batch_size: auto` is the planner's answer from the task's example batch; the run then trains with it."""
+    run = tmp_path / "run"
+    cfg = trainforge.load_config(None, [*TASK_RUNS[task], "train.micro_batch_size=auto", "train.max_steps=4"])
+    assert trainforge.train(cfg, run_dir=run).status == "completed"
+    ran = json.loads((run / "final" / "model.json").read_text())["ran"]
+    assert 1 <= ran["micro_batch_size"] <= 16 and 16 % ran["micro_batch_size"] == 0
+
+
+@pytest.mark.parametrize("task", sorted(TASK_RUNS))
 def test_plan_names_a_setup_for_a_plugin_task(task, tmp_path, capsys):
     recipe = tmp_path / f"{task}.yaml"
     recipe.write_text(f"name: {task}\n")
@@ -152,41 +161,11 @@ def test_a_plugin_task_run_sigkilled_mid_epoch_resumes_bit_identical(task, tmp_p
     overrides = run_overrides("train.epochs=3", "train.checkpoint_every_steps=5", task=task)
     reference = tmp_path / "reference"
     assert trainforge.train(trainforge.load_config(None, overrides), run_dir=reference).status == "completed"
-    run, rng, kills = tmp_path / "killed", random.Random(41), 0
-    while True:
-        proc = subprocess.Popen(cli(run, *overrides) + ["--resume", "auto"], env=env(), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        if kills < 3 and _wait_for_new_checkpoint(proc, run):
-            time.sleep(rng.uniform(0.0, 0.2))  # somewhere in a step: 32 steps an epoch, a checkpoint every 5
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                kills += 1
-                continue
-        assert proc.wait(timeout=300) == 0, proc.stderr.read()
-        break
-    assert kills >= 2
-    a, b = load_file(str(reference / "final" / "model.safetensors")), load_file(str(run / "final" / "model.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    run = tmp_path / "killed"
+    # 32 steps an epoch, a checkpoint every 5: each kill lands somewhere in a step
+    assert kill_and_resume(lambda: launch(run, overrides, env()), run, kills=3, seed=41, pause_s=0.2) >= 2
+    assert_bit_identical(reference, run)
     assert json.loads((run / "eval.json").read_text()) == json.loads((reference / "eval.json").read_text())
-
-
-def _latest(run_dir: Path) -> int:
-    try:
-        return int((run_dir / "checkpoints" / "latest").read_text().strip().removeprefix("step-"))
-    except (OSError, ValueError):
-        return -1
-
-
-def _wait_for_new_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout_s: float = 120) -> bool:
-    start, deadline = _latest(run_dir), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            return False
-        if _latest(run_dir) > start:
-            return True
-        time.sleep(0.02)
-    raise AssertionError("the run made no progress")
 
 
 @pytest.mark.slow
