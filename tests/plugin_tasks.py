@@ -37,6 +37,7 @@ class Fusion(Classification):
     name = "fusion"
     title = "image and feature fusion"
     description = "a class from an image and a feature vector, fused (test only)"
+    predict_refusal = "predict reads one input per sample, this model takes two"
 
 
 if "fusion" not in TASKS:
