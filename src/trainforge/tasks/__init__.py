@@ -3,10 +3,12 @@ model for it. The core asks the task and never names one.
 
     from trainforge.tasks import TASKS, task_of
     task = task_of(info)                        # info.task -> its Task (UserError naming `task` when unknown)
-    loss = task.loss(logits, y, label_smoothing=0.1)
-    ev = task.evaluation(info); ev.add(logits, y); ev.result(num_samples=..., detailed=True)
+    batch = to_device(next(loader), device)     # trainforge.tasks.batch: any structure the task's collate makes
+    output = task.forward(model, batch)         # the model called as the task calls it
+    loss = task.training_loss(output, batch, label_smoothing=0.1)
+    ev = task.evaluation(info); ev.add_batch(output, batch); ev.mean_loss, ev.result(detailed=True)
     task.default_metric, task.direction("accuracy")     # "accuracy", "max"
-    TASKS.names()                               # ["classification", "lm"]
+    TASKS.names()                               # ["classification", "lm"] and any a run's own module registers
 
 docs/architecture.md, "Adding a task", lists what a new task provides. Standard library and numpy at import (predict
 reads tasks where torch is absent); a task imports torch inside the functions that need it.
