@@ -9,13 +9,17 @@ through its `data.target` and `model.target` (tests put this folder on PYTHONPAT
     volume: 5-D inputs (N, 1, D, H, W) with a class per voxel (issue 29's CT), trained on 8^3 patches and evaluated
             on 16^3 volumes by sliding-window inference over patches the size the model trained on.
 
-Each task's data has a known answer, so a test can tell learning from noise.
+Each task's data has a known answer, so a test can tell learning from noise. Each exports to ONNX and is served by
+`trainforge predict --import plugin_tasks` from .npz files: fusion by its two named inputs (Classification's
+predictions), detection as padded slots its predictions filter, volume as the patch model that predict slides over
+the whole volume as evaluation does.
 """
 from __future__ import annotations
 
 import math
 from typing import Any, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -24,6 +28,7 @@ from torch.utils.data import Dataset
 from trainforge.data.base import DataBundle, DataInfo, InputInfo
 from trainforge.models.base import InputSpec, NamedInputs
 from trainforge.tasks import TASKS, Evaluation, Task, register_task
+from trainforge.tasks.base import ExportSignature
 from trainforge.tasks.classification import Classification
 
 FEATURES = 6
@@ -37,7 +42,6 @@ class Fusion(Classification):
     name = "fusion"
     title = "image and feature fusion"
     description = "a class from an image and a feature vector, fused (test only)"
-    predict_refusal = "predict reads one input per sample, this model takes two"
 
 
 if "fusion" not in TASKS:
@@ -123,6 +127,32 @@ class Detection(Task):
         box = torch.tensor([[4.0, 4.0, 12.0, 12.0], [16.0, 16.0, 28.0, 28.0]], device=inputs.device)
         return inputs, [{"boxes": box, "labels": torch.tensor([1, 2], device=inputs.device)}] * batch_size
 
+    # export: every slot, padded (label 0: no object), so the graph's outputs have fixed shapes; the detections
+    # are the slots that hold an object, filtered after inference exactly as the model filters them in eval mode
+    def export_signature(self, info: Any) -> ExportSignature:
+        return ExportSignature.batched(["input"], ["boxes", "scores", "labels"])
+
+    def export_module(self, model: nn.Module, info: Any) -> nn.Module:
+        return SlotOutputs(model)
+
+    def score_outputs(self, outputs: dict, batch: Any, info: Any) -> dict:
+        evaluation = self.evaluation(info)
+        evaluation.add_batch(detections(*(torch.from_numpy(outputs[k]) for k in ("boxes", "scores", "labels"))), batch)
+        return evaluation.result(False)
+
+    quality = ("recall_50", "R@.5", "test recall at IoU 0.5")
+    prediction_columns = ("labels", "scores", "boxes")
+
+    def predictions(self, outputs: dict, meta: dict, *, top_k: int) -> list[dict]:
+        names = meta["class_names"]
+        rows = []
+        for boxes, scores, labels in zip(outputs["boxes"], outputs["scores"], outputs["labels"]):
+            keep = labels > 0
+            rows.append({"boxes": [[round(float(v), 2) for v in b] for b in boxes[keep]],
+                         "labels": [names[int(i)] for i in labels[keep]],
+                         "scores": [round(float(v), 4) for v in scores[keep]]})
+        return rows
+
 
 class DetectionEvaluation(Evaluation):
     def __init__(self, task: Task) -> None:
@@ -200,16 +230,19 @@ class SlotDetector(nn.Module):
         self.classes = nn.Linear(64, SLOTS * len(BOX_CLASSES))
         self.boxes = nn.Linear(64, SLOTS * 4)
 
-    def forward(self, images: torch.Tensor, targets: Optional[list[dict[str, torch.Tensor]]] = None) -> Any:
+    def slots(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(class logits (N, SLOTS, classes), boxes (N, SLOTS, 4) in pixels)."""
         features = self.backbone(images)
         logits = self.classes(features).view(-1, SLOTS, len(BOX_CLASSES))
-        boxes = torch.sigmoid(self.boxes(features)).view(-1, SLOTS, 4) * SIDE
+        return logits, torch.sigmoid(self.boxes(features)).view(-1, SLOTS, 4) * SIDE
+
+    def forward(self, images: torch.Tensor, targets: Optional[list[dict[str, torch.Tensor]]] = None) -> Any:
+        logits, boxes = self.slots(images)
         if self.training:
             assert targets is not None, "in training mode the detector takes the targets and returns its losses"
             return self.losses(logits, boxes, targets)
         scores, labels = logits.float().softmax(-1).max(-1)
-        return [{"boxes": b[lab > 0], "labels": lab[lab > 0], "scores": s[lab > 0]}
-                for b, lab, s in zip(boxes, labels, scores)]
+        return detections(boxes, scores, labels)
 
     @staticmethod
     def losses(logits: torch.Tensor, boxes: torch.Tensor, targets: list[dict[str, torch.Tensor]]) -> dict:
@@ -223,6 +256,24 @@ class SlotDetector(nn.Module):
         return {"loss_classifier": torch.stack(cls).mean(), "loss_box_reg": torch.stack(reg).mean()}
 
 
+def detections(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    """Per image, the slots predicted to hold an object (label > 0)."""
+    return [{"boxes": b[lab > 0], "labels": lab[lab > 0], "scores": s[lab > 0]} for b, lab, s in zip(boxes, labels, scores)]
+
+
+class SlotOutputs(nn.Module):
+    """The exported detector: every slot's box, score and label (0: empty), fixed shapes for any batch."""
+
+    def __init__(self, model: SlotDetector) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits, boxes = self.model.slots(images)
+        scores, labels = logits.float().softmax(-1).max(-1)
+        return boxes, scores, labels
+
+
 def detection_model(info: DataInfo, width: int = 16) -> tuple[nn.Module, InputSpec]:
     return SlotDetector(width), InputSpec(tuple(info.input_shape), torch.float32)
 
@@ -233,7 +284,7 @@ PATCH = 8  # training patches are PATCH^3 voxels
 WHOLE = 16  # evaluation volumes are WHOLE^3: larger than the patch, seen through a sliding window
 
 
-def sliding_window(model: nn.Module, volumes: torch.Tensor, patch: int, overlap: int) -> torch.Tensor:
+def sliding_window(model: Any, volumes: torch.Tensor, patch: int, overlap: int) -> torch.Tensor:
     """Per-voxel logits of whole volumes (N, C, D, H, W) from a model that takes patch^3 inputs: windows `overlap`
     voxels apart overlapping, each voxel the mean of the windows that cover it (a plain average, as MONAI's
     sliding_window_inference does with mode="constant")."""
@@ -277,6 +328,37 @@ class Volume(Task):
 
     def evaluation(self, info: Any) -> Evaluation:
         return DiceEvaluation(self)
+
+    # export: the patch model as trained (patch^3 inputs, any batch); predict slides it over each whole volume with
+    # the same windows and averaging as evaluation
+    quality = ("dice", "dice", "test Dice of the foreground")
+    prediction_columns = ("shape", "voxels")
+
+    def serve(self, run: Any, feeds: dict, meta: dict) -> dict:
+        patch = int(meta["input_shape"][1])
+        volumes = torch.from_numpy(feeds["input"])
+        if min(volumes.shape[2:]) < patch:
+            from trainforge.errors import UserError
+
+            raise UserError(f"INPUT: volumes of {list(volumes.shape[2:])} voxels; the model needs at least {patch} a side")
+
+        def patch_logits(x: torch.Tensor) -> torch.Tensor:
+            return torch.from_numpy(run({"input": x.contiguous().numpy()})["logits"])
+
+        return {"logits": sliding_window(patch_logits, volumes, patch, patch // 2).numpy()}
+
+    def score_outputs(self, outputs: dict, batch: Any, info: Any) -> dict:
+        evaluation = self.evaluation(info)
+        evaluation.add(torch.from_numpy(outputs["logits"]), batch[1])
+        return {**evaluation.result(False), "loss": evaluation.mean_loss}
+
+    def predictions(self, outputs: dict, meta: dict, *, top_k: int) -> list[dict]:
+        names = meta["class_names"]
+        rows = []
+        for logits in outputs["logits"]:
+            counts = np.bincount(logits.argmax(0).ravel(), minlength=len(names))
+            rows.append({"shape": list(logits.shape[1:]), "voxels": {n: int(c) for n, c in zip(names, counts)}})
+        return rows
 
 
 class DiceEvaluation(Evaluation):

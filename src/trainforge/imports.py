@@ -46,6 +46,24 @@ def load_target(target: Optional[str], key: str) -> Callable[..., Any]:
     return obj
 
 
+def import_module(module_name: str, key: str) -> Any:
+    """Import the module the user named (e.g. one that registers their own task); failures are a UserError naming
+    `key`."""
+    if not isinstance(module_name, str) or not all(part.isidentifier() for part in module_name.split(".")):
+        raise UserError(f"{key}: {module_name!r} is not a module name; expected a dotted name such as 'my_tasks'")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name):
+            raise UserError(f"{key}: cannot import module {module_name!r} ({e}); it must be importable from the "
+                            "current directory or PYTHONPATH") from None
+        raise UserError(f"{key}: importing {module_name!r} failed: {_where(e)}") from None
+    except Exception as e:  # the user's module may fail in any way while importing
+        raise UserError(f"{key}: importing {module_name!r} failed: {_where(e)}") from None
+
+
 def _where(exc: BaseException) -> str:
     """`Type: message (file:line)` of the innermost frame: enough to find the mistake in the user's code."""
     tb = traceback.extract_tb(exc.__traceback__)

@@ -1,10 +1,17 @@
 """The deployable artifact's contract: an ONNX file that carries its own serving facts.
 
-Every ONNX file trainforge writes has one input named ``input`` (batch dimension dynamic), one output
-named ``logits``, and a metadata entry ``trainforge`` holding JSON:
+Every ONNX file trainforge writes has the inputs and outputs its task's `ExportSignature` names (by default one
+input named ``input`` and one output named ``logits``, the batch dimension dynamic), and a metadata entry
+``trainforge`` holding JSON:
 
     {"format": "trainforge-onnx/1", "variant": "int8", "task": "classification", "modality": "image",
-     "input_shape": [1, 8, 8], "input_dtype": "float32", "class_names": [...], "preprocess": {...}}
+     "input_shape": [1, 8, 8], "input_dtype": "float32", "class_names": [...], "preprocess": {...},
+     "inputs": [{"name": "input", "shape": [1, 8, 8], "dtype": "float32", "modality": "image"}],
+     "outputs": ["logits"], "task_module": "trainforge.tasks.classification"}
+
+`inputs` and `outputs` are the graph's, in order (an artifact written before they were recorded has the default
+pair); `task_module` is where the task is defined, so predict can say which module to `--import` for a task
+that is not shipped (it never imports a module on an artifact's word).
 
 `preprocess` is the run's preprocessing record (model.json's): normalization statistics, value range,
 image size and channels, tokenizer and sequence length, or tabular feature names. Reading it needs only
@@ -19,13 +26,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainforge.errors import UserError
+from trainforge.tasks import TASKS
+from trainforge.tasks.base import INPUT_NAME, OUTPUT_NAME  # noqa: F401  (the default signature's names)
 
 FORMAT = "trainforge-onnx/1"
 # The variants `trainforge compress` writes, by name (compress --json "variants"[].name), and their files.
 FILE_NAMES = {"fp32": "fp32.onnx", "pruned": "pruned.onnx", "int8": "int8.onnx", "pruned+int8": "pruned-int8.onnx"}
 META_KEY = "trainforge"
-INPUT_NAME = "input"
-OUTPUT_NAME = "logits"
+MAX_INPUTS = 16
 
 
 def _is_int(v: Any) -> bool:
@@ -73,11 +81,22 @@ META_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "preprocess.tokenizer": (_or_none(_is_str), "a string or null"),
     "preprocess.vocab_size": (_or_none(_is_int), "an integer or null"),
     "preprocess.feature_names": (_or_none(_list_of(_is_str)), "a list of strings or null"),
+    "inputs": (lambda v: _list_of(_is_input)(v) and 1 <= len(v) <= MAX_INPUTS,
+               f"a list of 1 to {MAX_INPUTS} inputs, each {{name, shape: positive integers, dtype, modality}}"),
+    "outputs": (lambda v: _list_of(_is_str)(v) and 1 <= len(v) <= MAX_INPUTS, "a list of output names"),
+    "task_module": (_is_str, "a string"),
 }
+
+
+def _is_input(v: Any) -> bool:
+    return (isinstance(v, dict) and _is_str(v.get("name")) and _is_str(v.get("dtype")) and _is_str(v.get("modality"))
+            and _list_of(lambda d: _is_int(d) and d >= 1)(v.get("shape")))
 
 
 def artifact_meta(variant: str, info: Any, preprocess: dict[str, Any]) -> dict[str, Any]:
     """The metadata of one variant, from the run's DataInfo and preprocessing record."""
+    task = TASKS.get(info.task)
+    signature = task.export_signature(info)
     return {
         "format": FORMAT,
         "variant": variant,
@@ -87,7 +106,23 @@ def artifact_meta(variant: str, info: Any, preprocess: dict[str, Any]) -> dict[s
         "input_dtype": info.input_dtype,
         "class_names": list(info.class_names),
         "preprocess": preprocess,
+        "inputs": [{"name": name, "shape": list(i.shape), "dtype": i.dtype, "modality": i.modality}
+                   for name, i in zip(signature.inputs, info.named_inputs())],
+        "outputs": list(signature.outputs),
+        "task_module": type(task).__module__,
     }
+
+
+def input_specs(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """The graph's inputs as the metadata records them (an artifact from before they were: its one input)."""
+    if meta.get("inputs"):
+        return list(meta["inputs"])
+    return [{"name": INPUT_NAME, "shape": list(meta.get("input_shape") or []), "dtype": meta.get("input_dtype"),
+             "modality": meta.get("modality")}]
+
+
+def output_names(meta: dict[str, Any]) -> list[str]:
+    return list(meta.get("outputs") or [OUTPUT_NAME])
 
 
 def embed_meta(model_proto: Any, meta: dict[str, Any]) -> None:

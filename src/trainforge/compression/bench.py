@@ -53,13 +53,15 @@ def latency_ms(call: Callable[[], Any], *, budget_s: float = 1.0, min_runs: int 
     return {"median": float(np.median(ms)), "p90": float(np.percentile(ms, 90)), "runs": len(times)}
 
 
-def batch_of(inputs: np.ndarray, size: int) -> np.ndarray:
-    """`size` real samples (repeated when the split is smaller)."""
+def batch_of(inputs: Any, size: int) -> Any:
+    """`size` real samples (repeated when the split is smaller): of an array, or of each array of a feeds dict."""
+    if isinstance(inputs, dict):
+        return {k: batch_of(v, size) for k, v in inputs.items()}
     reps = -(-size // len(inputs))
     return np.ascontiguousarray(np.concatenate([inputs] * reps)[:size])
 
 
-def batch_latencies(inputs: np.ndarray, make_call: Callable[[np.ndarray], Callable[[], Any]], *,
+def batch_latencies(inputs: Any, make_call: Callable[[np.ndarray], Callable[[], Any]], *,
                     budget_s: float) -> dict[int, dict[str, float]]:
     """{batch size: latency_ms(...)} for each of BENCH_BATCHES; `make_call(batch)` returns the call to time
     (one complete inference of that batch: ONNX Runtime, or a PyTorch model with its device synchronized)."""
@@ -81,6 +83,14 @@ def variant_row(name: str, path: Path, runtime: str, params: int, flops: int, lo
     """One row of the before/after table (`compress --json` "variants"); `reference`: the logits of the
     PyTorch model the artifact came from, so max_abs_diff is the export error (fp32, pruned) or the
     quantization error (int8)."""
+    return scored_row(name, path, runtime, params, flops, task_metrics(logits, labels, task),
+                      float(np.abs(logits - reference).max()), timings)
+
+
+def scored_row(name: str, path: Path, runtime: str, params: int, flops: int, scores: dict[str, Optional[float]],
+               max_abs_diff: float, timings: dict[int, dict[str, float]]) -> dict[str, Any]:
+    """One row of the table from the task's quality columns (`scores`) and the largest difference from the
+    PyTorch model's outputs."""
     return {
         "name": name,
         "path": str(path),
@@ -88,8 +98,8 @@ def variant_row(name: str, path: Path, runtime: str, params: int, flops: int, lo
         "params": int(params),
         "flops": int(flops),
         "bytes": path.stat().st_size,
-        **task_metrics(logits, labels, task),
-        "max_abs_diff": float(np.abs(logits - reference).max()),
+        **scores,
+        "max_abs_diff": max_abs_diff,
         **timing_row(timings),
     }
 

@@ -27,12 +27,15 @@ def _predict_command(
                                     "(serves the variant compress recommended: the fastest at batch 32 within the accuracy tolerance); "
                                     "or a causal LM's final/hf folder (greedy answers, one per input line)."),
     inputs: Optional[List[str]] = typer.Argument(None, metavar="INPUT", help="Image files; text files (one input "
-                                                 "per line) or - for stdin; CSV files with the feature columns."),
+                                                 "per line) or - for stdin; CSV files with the feature columns; "
+                                                 ".npz files with an array per input name (any model), .npy files."),
     variant: Optional[str] = typer.Option(None, "--variant", metavar="NAME", help="Serve this variant of the folder "
                                           "(fp32, pruned, int8, pruned+int8) instead of the recommended one."),
     top_k: int = typer.Option(3, "--top-k", help="How many of the most likely classes to report per input."),
     batch_size: int = typer.Option(32, "--batch-size", help="Inputs per onnxruntime call."),
     threads: Optional[int] = typer.Option(None, "--threads", help="onnxruntime intra-op threads (default: all cores)."),
+    imports: Optional[List[str]] = typer.Option(None, "--import", metavar="MODULE", help="Import this module "
+                                                "first: your own code that registers the model's task (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of the .onnx file against "
                                    "its folder's manifest.json (e.g. an artifact exported before manifests existed)."),
@@ -42,7 +45,7 @@ def _predict_command(
     from trainforge.compression.predict import predict  # numpy + onnxruntime: the CLI starts fast without them
 
     result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads, verify=not no_verify,
-                     variant=variant)
+                     variant=variant, imports=imports or ())
     if as_json:
         print_json(result)
         return
@@ -56,10 +59,27 @@ def _predict_command(
         return
     why = {"recommended": ", recommended by compress", "--variant": f", chosen with --variant; compress recommends "
            f"{result['recommended']}"}.get(result["chosen_by"], "")
+    from trainforge.tasks import TASKS
+
+    columns = TASKS.get(result["task"]).prediction_columns
     table = Table(title=Text(f"{result['artifact']} ({result['variant']}{why})"))
     table.add_column("input")
-    table.add_column("label")
-    table.add_column("probability", justify="right")
+    for column in columns:
+        table.add_column(column, justify="right" if column in NUMBERS else "left")
     for p in result["predictions"]:  # Text(): a file name or a text line is shown as is, never as rich markup
-        table.add_row(Text(p["input"]), Text(p["label"]), f"{p['probability']:.4f}")
+        table.add_row(Text(p["input"]), *(cell(p.get(column)) for column in columns))
     out.print(table)
+
+
+NUMBERS = ("probability", "score")
+
+
+def cell(value: object) -> Text:
+    """One table cell: a float to 4 decimals, a list or dict as compact JSON, anything else as text."""
+    import json
+
+    if isinstance(value, float):
+        return Text(f"{value:.4f}")
+    if isinstance(value, (list, dict)):
+        return Text(json.dumps(value, separators=(",", ":")))
+    return Text(str(value))

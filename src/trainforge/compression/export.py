@@ -1,6 +1,10 @@
 """PyTorch -> ONNX: `torch.onnx.export(dynamo=True)` with a dynamic batch dimension, one self-contained file.
 
     path = export_onnx(model, example, out / "fp32.onnx", meta)    # meta: artifact.artifact_meta(...)
+    path = export_onnx(task.export_module(model, info), examples, path, meta, task.export_signature(info))
+
+The graph's names and dynamic axes are the task's `ExportSignature` (default: one input `input`, one output
+`logits`, each dynamic along the batch); `example` is one tensor or a tuple of them, one per signature input.
 
 The same exporter serves the zoo, transformers (`model.name: hf`: HFModel's attention mask, computed from the
 pad id inside forward, is part of the graph) and timm models. A model torch.export cannot take is exported by
@@ -28,24 +32,28 @@ from torch import nn
 
 from trainforge.compression.artifact import INPUT_NAME, OUTPUT_NAME, embed_meta
 from trainforge.errors import UserError
+from trainforge.tasks.base import ExportSignature
 
 MAX_BATCH = 65536
 LEGACY_OPSET = 18  # the TorchScript fallback's opset (dynamo writes 20); onnxruntime runs both
 
 
-def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, meta: dict[str, Any]) -> Path:
-    """Export `model` (on the CPU, eval mode) taking `example`'s shape with any batch size; returns `path`."""
+def export_onnx(model: nn.Module, example: torch.Tensor | tuple[torch.Tensor, ...], path: Path, meta: dict[str, Any],
+                signature: ExportSignature | None = None) -> Path:
+    """Export `model` (on the CPU, eval mode) taking `example`'s shapes with the signature's dynamic axes (default:
+    one input, one output, any batch size); returns `path`."""
     import onnx  # heavy (onnx): loaded only when exporting
 
     model = model.to("cpu").eval()
+    signature = signature or ExportSignature.batched([INPUT_NAME], [OUTPUT_NAME])
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_name(path.stem + ".export.onnx")
-    example = example[:2].contiguous()
+    examples = tuple(x[:2].contiguous() for x in (example if isinstance(example, tuple) else (example,)))
     try:
-        _export(model, example, raw, dynamo=True)
+        _export(model, examples, raw, signature, dynamo=True)
     except Exception as dynamo_error:  # noqa: BLE001  torch.export and its ONNX translation raise many types
         try:
-            _export(model, example, raw, dynamo=False)
+            _export(model, examples, raw, signature, dynamo=False)
         except Exception as legacy_error:  # noqa: BLE001
             raw.unlink(missing_ok=True)
             raise UserError(f"ONNX export of {type(model).__name__} failed with both of torch's exporters "
@@ -60,25 +68,26 @@ def export_onnx(model: nn.Module, example: torch.Tensor, path: Path, meta: dict[
     return path
 
 
-def _export(model: nn.Module, example: torch.Tensor, raw: Path, *, dynamo: bool) -> None:
+def _export(model: nn.Module, examples: tuple[torch.Tensor, ...], raw: Path, signature: ExportSignature, *,
+            dynamo: bool) -> None:
     """One exporter: dynamo (torch.export; the default), or the TorchScript tracer, the fallback for a model
-    torch.export cannot decompose (e.g. timm's relative-position ViTs in torch 2.14). Both give a dynamic batch."""
+    torch.export cannot decompose (e.g. timm's relative-position ViTs in torch 2.14). Both give the signature's
+    dynamic axes (a label shared by several inputs, such as the batch, is one dimension)."""
+    names = dict(input_names=list(signature.inputs), output_names=list(signature.outputs))
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
             _quiet_optimizer():
         warnings.simplefilter("ignore")  # exporter chatter (the tracer prints its graph on failure); failures still raise
         if dynamo:
-            batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
-            torch.onnx.export(
-                model, (example,), str(raw), dynamo=True, dynamic_shapes=({0: batch},),
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], external_data=False, optimize=True,
-            )
+            dims: dict[str, Any] = {}
+            shapes = tuple({axis: dims.setdefault(label, torch.export.Dim(label, min=1, max=MAX_BATCH))
+                            for axis, label in signature.dynamic_axes.get(name, {}).items()}
+                           for name in signature.inputs)
+            torch.onnx.export(model, examples, str(raw), dynamo=True, dynamic_shapes=shapes, external_data=False,
+                              optimize=True, **names)
         else:
             with _stdout_fd_to_devnull():
-                torch.onnx.export(
-                    model, (example,), str(raw), dynamo=False, opset_version=LEGACY_OPSET,
-                    input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                    dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-                )
+                torch.onnx.export(model, examples, str(raw), dynamo=False, opset_version=LEGACY_OPSET,
+                                  dynamic_axes={k: dict(v) for k, v in signature.dynamic_axes.items()}, **names)
 
 
 def _first_line(error: BaseException) -> str:

@@ -46,16 +46,35 @@ from trainforge.training.api import train
 from trainforge.training.artifacts import load_trained
 from trainforge.engine.hooks import FitHooks, RunObserver
 from trainforge.layout import COMPRESSED, COMPRESS_RECORD, CONFIG, METRICS
+from trainforge.tasks import Task, task_of
 
 TEMP_SUFFIXES = (".export.onnx", ".prep.onnx", ".q.onnx")  # left by a crash mid-export or mid-quantization
 
 
 @dataclass
 class Split:
-    """One split as arrays, the way the model takes it."""
+    """One split the way the exported model takes it (`feeds`: {ONNX input name: array}) and as the task batches it
+    (`batch`: its collate of every sample, which the task scores outputs against)."""
 
-    inputs: np.ndarray
-    labels: np.ndarray
+    feeds: dict[str, np.ndarray]
+    batch: Any
+    task: Task
+
+    @property
+    def inputs(self) -> np.ndarray:
+        """The one input of a model of one input (torchao's PyTorch variants take it)."""
+        (x,) = self.feeds.values()
+        return x
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.task.target(self.batch).cpu().numpy()
+
+    def __len__(self) -> int:
+        return len(next(iter(self.feeds.values())))
+
+    def chunks(self, size: int) -> list[dict[str, np.ndarray]]:
+        return [{k: v[i:i + size] for k, v in self.feeds.items()} for i in range(0, len(self), size)]
 
 
 def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: Optional[CompressOptions] = None,
@@ -73,18 +92,27 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         log(f"continuing the unfinished compression in {out_dir}")
 
     cfg, info = trained.config, trained.info
-    test, calibration = load_splits(cfg, options.calibration_samples, trained.preprocess)
+    task = task_of(info)
+    signature = task.export_signature(info)
+    test, calibration = load_splits(cfg, options.calibration_samples, trained.preprocess, task, info)
     model = trained.build_model().eval()
-    example = torch.from_numpy(test.inputs[:2])
-    teacher_logits = torch_logits(model, test.inputs)
+    exported = task.export_module(model, info)  # what the graph holds: the model, or the task's wrapper of it
+    # the example is a training-split sample: the shape the model takes (a task may infer on larger test inputs)
+    two = bench.batch_of(calibration.feeds, 2)  # two samples: a batch of one would fix the graph's batch at 1
+    example = tuple(torch.from_numpy(two[name]) for name in signature.inputs)
+
+    def meta(variant: str) -> dict[str, Any]:
+        return artifact_meta(variant, info, trained.preprocess)
+
+    teacher = torch_outputs(exported, test, task, signature, meta("fp32"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    flops, params = count(model, example)
+    flops, params = count(exported, example if len(example) > 1 else example[0])
     variants: list[dict[str, Any]] = []
-    measure = Measurer(test, info.task, options, log)
+    measure = Measurer(test, task, info, options, log, meta("fp32"))
     log("exporting fp32 ONNX")
-    fp32 = export_onnx(model, example, out_dir / FILE_NAMES["fp32"], artifact_meta("fp32", info, trained.preprocess))
-    variants.append(measure("fp32", fp32, params, flops, reference=teacher_logits))
+    fp32 = export_onnx(exported, example, out_dir / FILE_NAMES["fp32"], meta("fp32"), signature)
+    variants.append(measure("fp32", fp32, params, flops, reference=teacher))
 
     pruning: Optional[dict[str, Any]] = None
     finetune: Optional[dict[str, Any]] = None
@@ -93,7 +121,10 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     if options.prune > 0:
         log(f"pruning {options.prune:.0%} of each prunable width")
         try:
-            result = prune_model(model, example, options.prune)
+            if len(example) > 1 or exported is not model:
+                raise PruningUnsupported(f"--prune: prunes models of one input that are exported as they are; a "
+                                         f"{task.name} model is not: pruning skipped (use --prune 0)")
+            result = prune_model(model, example[0], options.prune)
         except PruningUnsupported as e:  # one line; the other variants are still written
             log(f"warning: {e}")
             pruning = {"ratio": options.prune, "skipped": str(e)}
@@ -104,26 +135,24 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
             pruned_model, finetune = fine_tune(result, model, cfg, info.task, out_dir / "finetune", options, log,
                                                observer)
         pruned_model.eval()
-        pruned_path = export_onnx(pruned_model, example, out_dir / FILE_NAMES["pruned"],
-                                  artifact_meta("pruned", info, trained.preprocess))
-        pruned_logits = torch_logits(pruned_model, test.inputs)
+        pruned_path = export_onnx(pruned_model, example, out_dir / FILE_NAMES["pruned"], meta("pruned"), signature)
+        pruned_logits = torch_outputs(pruned_model, test, task, signature, meta("pruned"))
         variants.append(measure("pruned", pruned_path, result.params_after, result.flops_after, reference=pruned_logits))
 
     method = None
     if options.quantize == "int8":
-        method = choose_method(model, example) if options.int8_method == "auto" else options.int8_method
-        batches = [calibration.inputs[i:i + 32] for i in range(0, len(calibration.inputs), 32)]
-        sources = [("int8", fp32, params, flops, teacher_logits)]
+        method = choose_method(exported, example) if options.int8_method == "auto" else options.int8_method
+        batches = calibration.chunks(32)
+        sources = [("int8", fp32, params, flops, teacher)]
         if pruned_path is not None:
             sources.append(("pruned+int8", pruned_path, pruning["params_after"], pruning["flops_after"], pruned_logits))
         for name, src, n_params, n_flops, reference in sources:
             log(f"quantizing {src.name} to int8 ({method})")
-            path = quantize_onnx(src, out_dir / FILE_NAMES[name], method, artifact_meta(name, info, trained.preprocess),
-                                 calibration=batches)
+            path = quantize_onnx(src, out_dir / FILE_NAMES[name], method, meta(name), calibration=batches)
             variants.append(measure(name, path, n_params, n_flops, reference=reference))
     elif options.quantize.startswith("torchao"):
         log(f"quantizing Linear weights with {options.quantize}")
-        variants.append(torchao_variant(model, options.quantize, test, teacher_logits, out_dir, params, flops,
+        variants.append(torchao_variant(model, options.quantize, test, only(teacher), out_dir, params, flops,
                                         info.task, options.bench_s, options.device))
 
     add_comparisons(variants)
@@ -137,7 +166,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         "int8_method": method,
         "pruning": pruning,
         "finetune": finetune,
-        "test_samples": int(len(test.labels)),
+        "test_samples": len(test),
         "variants": variants,
         "recommendation": {"variant": choice.name, "file": FILE_NAMES[choice.name], "reason": choice.reason,
                            "accuracy_tolerance_pt": options.accuracy_tolerance_pt},
@@ -167,24 +196,61 @@ def publish(observer: RunObserver, run_dir: Path, cfg: Any, log: Callable[[str],
 
 
 class Measurer:
-    """One row of the table per ONNX variant: size, test metrics, agreement with PyTorch, latency."""
+    """One row of the table per ONNX variant: size, the task's test metrics, agreement with PyTorch, latency."""
 
-    def __init__(self, test: Split, task: str, options: CompressOptions, log: Callable[[str], None]) -> None:
-        self.test, self.task, self.options, self.log = test, task, options, log
+    def __init__(self, test: Split, task: Task, info: Any, options: CompressOptions, log: Callable[[str], None],
+                 meta: dict[str, Any]) -> None:
+        self.test, self.task, self.info, self.options, self.log, self.meta = test, task, info, options, log, meta
 
-    def __call__(self, name: str, path: Path, params: int, flops: int, reference: np.ndarray) -> dict[str, Any]:
+    def __call__(self, name: str, path: Path, params: int, flops: int, reference: dict[str, np.ndarray]) -> dict[str, Any]:
         self.log(f"measuring {name}: test split, latency at batch {', '.join(map(str, bench.BENCH_BATCHES))}")
         session = bench.ort_session(path, self.options.threads)
-        logits = bench.predict_all(session, self.test.inputs)
-        timings = bench.batch_latencies(self.test.inputs, lambda x: lambda: bench.run(session, x),
+        names = list(self.task.export_signature(self.info).outputs)
+
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return dict(zip(names, session.run(names, feeds)))
+
+        outputs = served_outputs(run, self.test, self.task, self.meta)
+        timings = bench.batch_latencies(self.test.feeds, lambda x: lambda: self.task.serve(run, x, self.meta),
                                         budget_s=self.options.bench_s)
         threads = self.options.threads
         runtime = f"onnxruntime-cpu ({threads} thread{'s' if threads > 1 else ''})"
         # free the session's threads now: a fine-tuning run next may fork DataLoader workers, and a session
         # destroyed in a forked child can wait forever on a lock a parent thread held at fork time
-        del session
+        del session, run
         gc.collect()
-        return bench.variant_row(name, path, runtime, params, flops, logits, self.test.labels, self.task, reference, timings)
+        scores = self.task.score_outputs(outputs, self.test.batch, self.info)
+        return bench.scored_row(name, path, runtime, params, flops, scores, max_abs_diff(outputs, reference), timings)
+
+
+def served_outputs(run: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], split: Split, task: Task,
+                   meta: dict[str, Any], batch_size: int = 256) -> dict[str, np.ndarray]:
+    """The outputs for every sample of `split`, inferred as predict infers (the task's `serve` over `run`)."""
+    parts = [task.serve(run, feeds, meta) for feeds in split.chunks(batch_size)]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+def torch_outputs(module: nn.Module, split: Split, task: Task, signature: Any, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """What the exported graph should give on `split`: the PyTorch module it was exported from, served the same way."""
+    module = module.to("cpu").eval()
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.no_grad():
+            out = module(*(torch.from_numpy(feeds[name]) for name in signature.inputs))
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        return {name: o.numpy() for name, o in zip(signature.outputs, out)}
+
+    return served_outputs(run, split, task, meta)
+
+
+def max_abs_diff(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> float:
+    """The largest difference between an artifact's outputs and the PyTorch model's, over every output."""
+    return max(float(np.abs(outputs[k].astype(np.float64) - reference[k].astype(np.float64)).max()) for k in outputs)
+
+
+def only(outputs: dict[str, np.ndarray]) -> np.ndarray:
+    (x,) = outputs.values()
+    return x
 
 
 def add_comparisons(variants: list[dict[str, Any]]) -> None:
@@ -197,18 +263,18 @@ def add_comparisons(variants: list[dict[str, Any]]) -> None:
             v["accuracy_delta_pt"] = 100.0 * (v["accuracy"] - base["accuracy"])
 
 
-def load_splits(cfg: Any, calibration_samples: int, stored: dict[str, Any]) -> tuple[Split, Split]:
+def load_splits(cfg: Any, calibration_samples: int, stored: dict[str, Any], task: Task, info: Any) -> tuple[Split, Split]:
     """The test split, and a seeded random subset of the unaugmented train split for calibration; tokenized by
     the run's stored tokenizer."""
     data = build_data(cfg.data, seed=cfg.seed, stored=stored)
-    test = to_arrays(data.test, range(len(data.test)))
+    test = to_split(data.test, range(len(data.test)), task, info)
     order = np.random.default_rng(cfg.seed).permutation(len(data.train))[:calibration_samples]
-    return test, to_arrays(data.train, order)
+    return test, to_split(data.train, order, task, info)
 
 
-def to_arrays(dataset: Any, indices: Any) -> Split:
-    xs, ys = zip(*(dataset[int(i)] for i in indices))  # integer indices: no augmentation
-    return Split(torch.stack(xs).numpy(), torch.stack([torch.as_tensor(y) for y in ys]).numpy())
+def to_split(dataset: Any, indices: Any, task: Task, info: Any) -> Split:
+    batch = task.collate([dataset[int(i)] for i in indices])  # integer indices: no augmentation
+    return Split(task.export_feeds(batch, info), batch, task)
 
 
 def torch_logits(model: nn.Module, inputs: np.ndarray, batch_size: int = 256) -> np.ndarray:

@@ -22,13 +22,16 @@ from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from trainforge.compression.artifact import FILE_NAMES, INPUT_NAME, OUTPUT_NAME, meta_from_session
+from trainforge.compression.artifact import FILE_NAMES, input_specs, meta_from_session, output_names
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, servable
-from trainforge.compression.serving import READERS, STDIN, Sample, require_files, text_lines
+from trainforge.compression.serving import (ARRAY_SUFFIXES, READERS, STDIN, array_samples, reads_arrays,
+                                            require_files, text_lines)
 from trainforge.errors import UserError
+from trainforge.imports import import_module
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
 from trainforge.layout import COMPRESS_RECORD
-from trainforge.tasks import TASKS
+from trainforge.tasks import TASKS, Task
+from trainforge.tasks.classification import rank, softmax  # noqa: F401  (predict's own helpers once; tests use them)
 
 RECORD_FILE = COMPRESS_RECORD
 UNVERIFIABLE = f"{NO_VERIFY}, or re-run `trainforge compress`"
@@ -42,6 +45,7 @@ class Artifact:
     session: Any  # onnxruntime.InferenceSession
     meta: dict[str, Any]
     choice: Optional["Choice"] = None  # why this file (None: built by hand)
+    task: Optional[Task] = None  # the task that serves it (None: built by hand; load_artifact sets it)
 
     @property
     def class_names(self) -> list[str]:
@@ -177,22 +181,34 @@ def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify:
         raise UserError(f"ARTIFACT: {file} has damaged trainforge metadata; re-export it with `trainforge compress`") from None
     inputs = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
-    if INPUT_NAME not in inputs or OUTPUT_NAME not in outputs:
+    specs, wanted = input_specs(meta), output_names(meta)
+    if inputs != [str(i["name"]) for i in specs] or outputs != wanted:
         raise UserError(
-            f"ARTIFACT: {file} has inputs {inputs} and outputs {outputs}; a trainforge artifact has "
-            f"{INPUT_NAME!r} -> {OUTPUT_NAME!r}: re-export it with `trainforge compress`"
+            f"ARTIFACT: {file} has inputs {inputs} and outputs {outputs}; its trainforge metadata says "
+            f"{[i['name'] for i in specs]} -> {wanted}: re-export it with `trainforge compress`"
         )
-    task = TASKS.get(meta["task"]) if meta.get("task") in TASKS else None
-    if task is None or task.predict_refusal is not None:
-        served = ", ".join(n for n in TASKS.names() if TASKS.get(n).predict_refusal is None)
-        raise UserError(f"ARTIFACT: predict serves {served} models; {file} is a {meta.get('task')!r} model"
-                        + (f" ({task.predict_refusal})" if task is not None else ""))
-    if meta.get("modality") not in READERS or meta.get("input_dtype") not in DTYPES:
-        raise UserError(
-            f"ARTIFACT: {file} takes {meta.get('modality')!r} inputs of {meta.get('input_dtype')!r}; "
-            f"predict serves {', '.join(READERS.names())} models with {', '.join(DTYPES)} inputs"
-        )
-    return Artifact(file, session, meta, choice)
+    task = served_task(meta, file)
+    if any(i.get("dtype") not in DTYPES for i in specs):
+        raise UserError(f"ARTIFACT: {file} takes inputs of {sorted({str(i.get('dtype')) for i in specs})}; predict "
+                        f"serves models with {', '.join(DTYPES)} inputs")
+    return Artifact(file, session, meta, choice, task)
+
+
+def served_task(meta: dict[str, Any], file: Path) -> Task:
+    """The registered task an artifact was exported for. One that is not shipped is served once the user imports
+    the module that registers it (--import); predict never imports a module because an artifact names it."""
+    name = meta.get("task")
+    served = ", ".join(n for n in TASKS.names() if TASKS.get(n).predict_refusal is None)
+    if name not in TASKS:
+        module = meta.get("task_module")
+        hint = (f"it is defined in module {module!r}: pass --import {module} if you trust that code" if module
+                else "pass --import MODULE naming the module that registers it")
+        raise UserError(f"ARTIFACT: {file} is a {name!r} model, a task not registered here; {hint} (predict serves "
+                        f"{served} models)")
+    task = TASKS.get(name)
+    if task.predict_refusal is not None:
+        raise UserError(f"ARTIFACT: predict serves {served} models; {file} is a {name!r} model ({task.predict_refusal})")
+    return task
 
 
 def first_line(error: BaseException) -> str:
@@ -200,59 +216,65 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def batches(samples: Iterable[Sample], batch_size: int, dtype: Any) -> Iterator[tuple[list[str], np.ndarray]]:
-    """Consecutive groups of at most `batch_size` samples, stacked into one array."""
+def batches(samples: Iterable[tuple[str, dict[str, np.ndarray]]], batch_size: int,
+            dtypes: dict[str, Any]) -> Iterator[tuple[list[str], dict[str, np.ndarray]]]:
+    """Consecutive groups of at most `batch_size` samples of the same shapes, each input stacked into one array."""
     names: list[str] = []
-    arrays: list[np.ndarray] = []
+    group: list[dict[str, np.ndarray]] = []
+
+    def stacked() -> tuple[list[str], dict[str, np.ndarray]]:
+        return names, {k: np.stack([g[k] for g in group]).astype(dtypes[k], copy=False) for k in dtypes}
+
     for name, x in samples:
+        if group and (len(names) == batch_size or any(x[k].shape != group[0][k].shape for k in dtypes)):
+            yield stacked()
+            names, group = [], []
         names.append(name)
-        arrays.append(x)
-        if len(names) == batch_size:
-            yield names, np.stack(arrays).astype(dtype, copy=False)
-            names, arrays = [], []
+        group.append(x)
     if names:
-        yield names, np.stack(arrays).astype(dtype, copy=False)
+        yield stacked()
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    """Row-wise softmax in float64 (shifted by the row maximum, so large logits do not overflow)."""
-    z = logits.astype(np.float64)
-    z = np.exp(z - z.max(axis=-1, keepdims=True))
-    return z / z.sum(axis=-1, keepdims=True)
-
-
-def rank(probs: np.ndarray, k: int) -> list[int]:
-    """Indices of the k largest probabilities, largest first; ties go to the lower index (like argmax)."""
-    return [int(i) for i in np.argsort(-probs, kind="stable")[:k]]
-
-
-def run_batch(artifact: Artifact, batch: np.ndarray) -> np.ndarray:
+def run_feeds(artifact: Artifact, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One onnxruntime call: {output name: array}."""
+    names = output_names(artifact.meta)
     try:
-        (logits,) = artifact.session.run([OUTPUT_NAME], {INPUT_NAME: batch})
-    except Exception as e:  # the graph disagrees with its own metadata (shape, dtype): a broken artifact
-        raise UserError(f"ARTIFACT: onnxruntime cannot run {artifact.path} on a {batch.shape} batch ({first_line(e)}); re-export it") from None
-    if logits.ndim != 2 or logits.shape[0] != len(batch):
-        raise UserError(f"ARTIFACT: {artifact.path} returned logits of shape {logits.shape}; a classifier returns (batch, classes)")
-    return logits
+        values = artifact.session.run(names, feeds)
+    except Exception as e:  # the graph disagrees with its own metadata (shape, dtype): a broken artifact or input
+        shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in feeds.items())
+        raise UserError(f"ARTIFACT: onnxruntime cannot run {artifact.path} on a batch of {shapes} ({first_line(e)}); "
+                        "check the inputs' shapes against the model's, or re-export it") from None
+    return dict(zip(names, values))
 
 
-def classify(artifact: Artifact, samples: Iterable[Sample], top_k: int, batch_size: int) -> list[dict[str, Any]]:
-    names = artifact.class_names
+def samples_of(artifact: Artifact, inputs: Sequence[str], stdin: Optional[BinaryIO]) -> Iterable[tuple[str, dict[str, np.ndarray]]]:
+    """The INPUTs as samples ({input name: array}): arrays (.npz, .npy) for any model; otherwise the reader of the
+    modality of a model's one input (images, text lines, CSV rows)."""
+    specs = input_specs(artifact.meta)
+    if reads_arrays(inputs):
+        return array_samples(inputs, specs)
+    described = ", ".join(f"{i['name']} ({'x'.join(map(str, i['shape']))} {i['dtype']})" for i in specs)
+    if len(specs) != 1 or artifact.meta.get("modality") not in READERS:
+        raise UserError(f"INPUT: this model takes {described}: pass {' or '.join(ARRAY_SUFFIXES)} files holding "
+                        "an array of each name (numpy.savez), one sample or a batch along axis 0")
+    if any(name.lower().endswith(ARRAY_SUFFIXES) for name in inputs):
+        raise UserError(f"INPUT: pass either arrays ({', '.join(ARRAY_SUFFIXES)}) or {artifact.meta['modality']} "
+                        "inputs, not both in one call")
+    key = str(specs[0]["name"])
+    read = READERS.get(artifact.meta["modality"])(artifact.meta, str(artifact.path), stdin)
+    return ((name, {key: x}) for name, x in read(inputs))
+
+
+def infer(artifact: Artifact, samples: Iterable[tuple[str, dict[str, np.ndarray]]], top_k: int,
+          batch_size: int) -> list[dict[str, Any]]:
+    """Each sample's prediction, as the artifact's task reports it (classification: label, probability, top)."""
+    task = artifact.task or served_task(artifact.meta, artifact.path)
+    dtypes = {str(i["name"]): DTYPES[str(i["dtype"])] for i in input_specs(artifact.meta)}
     predictions = []
-    for inputs, batch in batches(samples, batch_size, DTYPES[artifact.meta["input_dtype"]]):
-        probs = softmax(run_batch(artifact, batch))
-        if names and probs.shape[1] != len(names):
-            raise UserError(f"ARTIFACT: {artifact.path} returns {probs.shape[1]} classes but names {len(names)}; re-export it")
-        labels = names or [str(i) for i in range(probs.shape[1])]
-        for name, p in zip(inputs, probs):
-            top = rank(p, top_k)
-            predictions.append({
-                "input": name,
-                "label": labels[top[0]],
-                "index": top[0],
-                "probability": float(p[top[0]]),
-                "top": [[labels[i], float(p[i])] for i in top],
-            })
+    for names, feeds in batches(samples, batch_size, dtypes):
+        outputs = task.serve(lambda f: run_feeds(artifact, f), feeds, artifact.meta)
+        rows = task.predictions(outputs, artifact.meta, top_k=top_k)
+        predictions.extend({"input": name, **row} for name, row in zip(names, rows))
     return predictions
 
 
@@ -271,30 +293,34 @@ def predict(
     stdin: Optional[BinaryIO] = None,
     verify: bool = True,
     variant: Optional[str] = None,
+    imports: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Classify `inputs` (image files; text files or '-'; CSV files or '-') with an artifact.
+    """Predict `inputs` (image files; text files or '-'; CSV files or '-'; .npz/.npy arrays) with an artifact.
 
     `verify=False` skips the SHA-256 check against the artifact folder's manifest.json (--no-verify).
     `variant` (--variant) serves that variant of a compress output folder instead of its recommended one.
+    `imports` (--import): modules to import first, e.g. the user's own module that registers the model's task.
 
     Returns {"artifact": the .onnx file served, "variant": its variant name, "recommended": the folder's
     recommended variant (null when ARTIFACT is a file), "chosen_by": "recommended" | "--variant" | "file",
-    "predictions": [{"input",
+    "task": the model's task, "predictions": [{"input", and what the task reports: classification's
     "label", "index", "probability", "top": [[label, probability], ...]}]}, in input order (a text or CSV
-    file contributes one prediction per non-empty line or row). `stdin` replaces sys.stdin for '-'.
+    file contributes one prediction per non-empty line or row, an array file one per sample). `stdin` replaces
+    sys.stdin for '-'.
     """
     check_positive(top_k, "--top-k")
     check_positive(batch_size, "--batch-size")
     check_positive(threads, "--threads")
     if not inputs:
         raise UserError("INPUT: no inputs given; pass image files, text files, CSV files or - (standard input)")
+    for module in imports:
+        import_module(module, "--import")
     if (Path(artifact) / "config.json").is_file():  # a transformers folder (a run's final/hf): a causal LM to serve
         return serve_generation(Path(artifact), inputs, stdin=stdin, verify=verify)
     art = load_artifact(artifact, threads=threads, verify=verify, variant=variant)
-    read = READERS.get(art.meta["modality"])(art.meta, str(art.path), stdin)
-    predictions = classify(art, read(inputs), top_k, batch_size)
+    predictions = infer(art, samples_of(art, inputs, stdin), top_k, batch_size)
     if not predictions:
         raise UserError(f"INPUT: {', '.join(inputs)} held no inputs (no non-empty lines or data rows); add some")
     choice = art.choice or Choice(art.path)
     return {"artifact": str(art.path), "variant": art.meta.get("variant"), "recommended": choice.recommended,
-            "chosen_by": choice.by, "predictions": predictions}
+            "chosen_by": choice.by, "task": art.meta.get("task"), "predictions": predictions}

@@ -122,6 +122,7 @@ def count(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
     """(forward FLOPs per sample, parameters) of `model` on a one-sample `example`."""
     import torch_pruning as tp  # heavy (torch_pruning): loaded only when pruning
 
+    one = tuple(x[:1] for x in example) if isinstance(example, tuple) else example[:1]  # several inputs: a tuple
     with torch.no_grad():
-        macs, params = tp.utils.count_ops_and_params(model, example[:1])
+        macs, params = tp.utils.count_ops_and_params(model, one)
     return int(2 * macs), int(params)

@@ -68,7 +68,7 @@ def choose_method(model: nn.Module, example: Optional[torch.Tensor] = None) -> s
     """
     if example is None or not is_convolutional(model):
         return "static" if is_convolutional(model) else "dynamic"
-    conv, linear = layer_macs(model, example[:1])
+    conv, linear = layer_macs(model, tuple(x[:1] for x in example) if isinstance(example, tuple) else example[:1])
     return "static" if conv >= linear else "dynamic"
 
 
@@ -91,7 +91,7 @@ def layer_macs(model: nn.Module, example: torch.Tensor) -> tuple[int, int]:
     try:
         model.eval()
         with torch.no_grad():
-            model(example)
+            model(*example) if isinstance(example, tuple) else model(example)
     finally:
         for h in handles:
             h.remove()
@@ -213,8 +213,8 @@ class _Reader:
         self._batches = iter(batches)
 
     def get_next(self) -> Optional[dict[str, np.ndarray]]:
-        batch = next(self._batches, None)
-        return None if batch is None else {INPUT_NAME: batch}
+        batch = next(self._batches, None)  # an array (a model of one input) or the feeds of several
+        return None if batch is None else batch if isinstance(batch, dict) else {INPUT_NAME: batch}
 
     def __iter__(self):  # the calibrator may iterate instead of calling get_next
         return iter(self.get_next, None)

@@ -53,8 +53,10 @@ def recommend(variants: Sequence[dict[str, Any]], tolerance_pt: float = ACCURACY
         raise ValueError(f"no {REFERENCE} row among {[v['name'] for v in variants]}: it is the reference")
     if base.get("accuracy") is not None:
         within = f"within {tolerance_pt:g} accuracy point{'' if tolerance_pt == 1 else 's'} of {REFERENCE}"
-    else:
+    elif base.get("perplexity") is not None:
         within = f"at most {tolerance_pt:g}% above {REFERENCE}'s perplexity"
+    else:  # a task whose quality is neither (detection recall, Dice): only fp32 is known to keep it
+        within = f"known to keep {REFERENCE}'s quality"
     eligible, excluded = [], []
     for v in variants:
         if not servable(v):

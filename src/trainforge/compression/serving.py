@@ -13,6 +13,9 @@ One reader per modality, chosen from the artifact's metadata (`trainforge.compre
   tokenizer (`bytes`: UTF-8 bytes + 1, padded; `none`: space-separated integer token ids);
 - tabular: CSV files (or `-`) whose header names the run's feature columns, normalized per feature.
 
+Any model, of one input or several, also reads arrays as the graph takes them (`array_samples`): `.npz` files with
+one array per input name, or `.npy` files for a model of one input; one sample each, or a batch along axis 0.
+
 Nothing here imports torch: `trainforge predict` must run where only onnxruntime is installed.
 """
 from __future__ import annotations
@@ -33,6 +36,8 @@ STDIN = "-"
 STD_FLOOR = 1e-6  # trainforge.data.stages.normalize.STD_FLOOR: the same floor on std and on max - min
 
 Sample = tuple[str, np.ndarray]  # (the input as the user knows it, one sample without the batch dimension)
+ARRAY_SUFFIXES = (".npz", ".npy")
+MAX_ARRAY_BYTES = 4 << 30  # what one .npy/.npz INPUT may hold once read (a 1024^3 float32 volume)
 Reader = Callable[[Sequence[str]], Iterator[Sample]]
 
 READERS: Registry[Callable[..., Reader]] = Registry("modality", "modality")
@@ -329,3 +334,83 @@ def tabular_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO
                 yield name, normalize(np.asarray(values, dtype=np.float32), shift_scale)
 
     return read
+
+
+# ---- arrays (any model: .npz by input name, .npy for one input) ----------------------------------------
+
+
+def reads_arrays(inputs: Sequence[str]) -> bool:
+    return bool(inputs) and all(name.lower().endswith(ARRAY_SUFFIXES) for name in inputs)
+
+
+def array_samples(inputs: Sequence[str], specs: Sequence[dict[str, Any]]) -> Iterator[tuple[str, dict[str, np.ndarray]]]:
+    """(name, {input name: one sample}) for each sample of each file: an array with the input's number of
+    dimensions is one sample, one with a dimension more a batch of them (named file[i]). `specs`: the artifact's
+    inputs ({name, shape, dtype}). Arrays are read without pickles, at most MAX_ARRAY_BYTES a file, and must be
+    finite numbers of the input's kind (integers for integer inputs)."""
+    require_files(inputs, ".npz files (an array per input name) or .npy files", allow_stdin=False)
+    names = [str(s["name"]) for s in specs]
+    for name in inputs:
+        arrays = read_arrays(name, names)
+        counts = set()
+        for spec in specs:
+            a = arrays[str(spec["name"])]
+            ndim = len(spec["shape"])
+            if a.ndim not in (ndim, ndim + 1):
+                raise UserError(f"INPUT: {name}: {spec['name']!r} has shape {list(a.shape)}; the model takes "
+                                f"{ndim}-dimensional samples like {spec['shape']} (or a batch of them along axis 0)")
+            arrays[str(spec["name"])] = checked_array(a if a.ndim > ndim else a[None], spec, name)
+            counts.add(len(arrays[str(spec["name"])]))
+        if len(counts) != 1:
+            raise UserError(f"INPUT: {name}: its arrays hold different numbers of samples ({sorted(counts)}); give "
+                            "each input the same batch")
+        (count,) = counts
+        for i in range(count):
+            yield (name if count == 1 else f"{name}[{i}]"), {k: arrays[k][i] for k in names}
+
+
+def read_arrays(name: str, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """{input name: array} from one .npy (a model of one input) or .npz file."""
+    import zipfile
+
+    path = Path(name)
+    try:
+        if name.lower().endswith(".npy"):
+            if len(names) != 1:
+                raise UserError(f"INPUT: {name}: the model takes {len(names)} inputs ({', '.join(names)}); pass .npz "
+                                "files with an array of each name")
+            if path.stat().st_size > MAX_ARRAY_BYTES:
+                raise UserError(f"INPUT: {name} is over {MAX_ARRAY_BYTES >> 30} GiB; split it into several files")
+            return {names[0]: np.load(path, allow_pickle=False)}
+        with zipfile.ZipFile(path) as archive:
+            members = {m.filename.removesuffix(".npy"): m for m in archive.infolist()}
+            if sum(m.file_size for m in members.values()) > MAX_ARRAY_BYTES:  # the sizes once inflated
+                raise UserError(f"INPUT: {name} holds over {MAX_ARRAY_BYTES >> 30} GiB once decompressed; split it")
+        keys = list(names) if len(names) > 1 or names[0] in members else list(members)[:1]
+        missing = [k for k in keys if k not in members]
+        if missing or (len(names) == 1 and len(members) != 1 and names[0] not in members):
+            raise UserError(f"INPUT: {name} holds {', '.join(sorted(members)) or 'no arrays'}; the model takes "
+                            f"{', '.join(names)}: save one array of each name (numpy.savez)")
+        with np.load(path, allow_pickle=False) as npz:
+            return {want: np.asarray(npz[have]) for want, have in zip(names, keys)}
+    except UserError:
+        raise
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"INPUT: {name} is not a readable numpy file ({reason}); save it with numpy.save or "
+                        "numpy.savez") from None
+
+
+def checked_array(a: np.ndarray, spec: dict[str, Any], name: str) -> np.ndarray:
+    """`a` as the input's dtype: integers for an integer input, finite numbers for a float one."""
+    label = f"INPUT: {name}: {spec['name']!r}"
+    if spec["dtype"] == "int64":
+        if not (np.issubdtype(a.dtype, np.integer) or a.dtype == np.bool_):
+            raise UserError(f"{label} holds {a.dtype} values; the model takes integers (token ids)")
+        return a.astype(np.int64, copy=False)
+    if not (np.issubdtype(a.dtype, np.number) or a.dtype == np.bool_) or np.iscomplexobj(a):
+        raise UserError(f"{label} holds {a.dtype} values; the model takes real numbers")
+    a = a.astype(np.float32, copy=False)
+    if not np.isfinite(a).all():
+        raise UserError(f"{label} holds NaN or infinite values; pass finite numbers")
+    return a

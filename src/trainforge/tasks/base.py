@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -14,6 +15,27 @@ if TYPE_CHECKING:  # torch is imported by the methods that need it
 
 MAX = "max"
 MIN = "min"
+INPUT_NAME = "input"  # the ONNX input of a model of one input
+OUTPUT_NAME = "logits"  # the ONNX output of a task of one output
+BATCH_AXIS = "batch"
+
+Feeds = dict  # {ONNX input name: numpy array}: what onnxruntime runs on
+Runner = Callable[[Feeds], "dict[str, np.ndarray]"]  # one inference: feeds in, {output name: array} out
+
+
+@dataclass(frozen=True)
+class ExportSignature:
+    """What an exported model takes and returns: ONNX input and output names (in the graph's order) and, for each,
+    its dynamic axes ({axis: label}; every task's axis 0 is the batch)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    dynamic_axes: dict[str, dict[int, str]] = field(default_factory=dict)
+
+    @classmethod
+    def batched(cls, inputs: Sequence[str], outputs: Sequence[str]) -> "ExportSignature":
+        """Every input and output dynamic along the batch (axis 0) only."""
+        return cls(tuple(inputs), tuple(outputs), {name: {0: BATCH_AXIS} for name in (*inputs, *outputs)})
 
 
 class Task:
@@ -36,7 +58,11 @@ class Task:
     default_metric: str = "loss"
     higher_is_better: frozenset[str] = frozenset()
     generates: bool = False
-    predict_refusal: Optional[str] = "predict does not serve this task"
+
+    @property
+    def predict_refusal(self) -> Optional[str]:  # a subclass may set a class attribute instead
+        """None when `trainforge predict` serves this task's exported models (it defines `predictions`), else why not."""
+        return None if type(self).predictions is not Task.predictions else "its task defines no predictions"
     ordered_splits: bool = False
     token_augmentation: bool = False
     quality: tuple[str, str, str] = ("loss", "loss", "test loss")
@@ -107,6 +133,51 @@ class Task:
     def score_logits(self, logits: np.ndarray, labels: np.ndarray) -> dict[str, Optional[float]]:
         """Compress's quality columns of an exported variant, from its outputs in numpy."""
         raise NotImplementedError
+
+    # ---- export (compress) and serving (predict): numpy and onnxruntime, torch only where a method says so
+    def export_signature(self, info: Any) -> ExportSignature:
+        """The ONNX graph's names: one input `input` (a model of several inputs: each by its DataInfo name, in order)
+        and one output `logits`, each dynamic along the batch."""
+        named = info.named_inputs()
+        return ExportSignature.batched([INPUT_NAME] if len(named) == 1 else [i.name for i in named], [OUTPUT_NAME])
+
+    def export_module(self, model: Any, info: Any) -> Any:
+        """The torch module that is exported: takes the signature's inputs positionally and returns its outputs (a
+        tensor, or a tuple in the signature's order). By default the model itself; a model of several inputs is
+        called with the dict of them."""
+        names = [i.name for i in info.named_inputs()]
+        if len(names) == 1:
+            return model
+        from trainforge.tasks.exporting import PositionalInputs
+
+        return PositionalInputs(model, names)
+
+    def export_feeds(self, batch: Any, info: Any) -> Feeds:
+        """A collated batch's inputs as the exported graph takes them ({ONNX input name: numpy array})."""
+        x = self.inputs(batch)
+        names = self.export_signature(info).inputs
+        if isinstance(x, dict):
+            return {name: x[name].detach().cpu().numpy() for name in names}
+        return {names[0]: x.detach().cpu().numpy()}
+
+    def serve(self, run: Runner, feeds: Feeds, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The exported model's outputs on a batch of `feeds` (`run`: one onnxruntime call). A task whose
+        inference is more than one call (a sliding window over a volume) makes its calls here."""
+        return run(feeds)
+
+    def score_outputs(self, outputs: dict[str, np.ndarray], batch: Any, info: Any) -> dict[str, Optional[float]]:
+        """Compress's quality columns of an exported variant: its outputs on the whole test split (`batch`, the
+        task's collate of it). By default `score_logits` of the one output against the target."""
+        (logits,) = outputs.values()
+        return self.score_logits(logits, self.target(batch).cpu().numpy())
+
+    def predictions(self, outputs: dict[str, np.ndarray], meta: dict[str, Any], *, top_k: int) -> list[dict[str, Any]]:
+        """What `trainforge predict` reports for each sample of a batch (JSON-able, without the input's name), from
+        the exported model's outputs; `meta`: the artifact's metadata (class names and the like)."""
+        raise NotImplementedError(f"{self.name}: predict does not serve this task")
+
+    # the keys of a prediction `trainforge predict` shows as table columns (--json shows all of it)
+    prediction_columns: tuple[str, ...] = ()
 
 
 class Evaluation:

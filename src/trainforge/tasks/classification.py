@@ -122,6 +122,37 @@ class Classification(Task):
         loss, flat = mean_cross_entropy(logits, labels)
         return {"accuracy": float((flat.argmax(axis=1) == labels.reshape(-1)).mean()), "loss": loss}
 
+    prediction_columns = ("label", "probability")
+
+    def predictions(self, outputs: dict[str, np.ndarray], meta: dict[str, Any], *, top_k: int) -> list[dict[str, Any]]:
+        """{"label", "index", "probability", "top": [[label, probability], ...]} (the `top_k` most likely, best first)."""
+        (logits,) = outputs.values()
+        if logits.ndim != 2:
+            raise UserError(f"ARTIFACT: returned logits of shape {logits.shape}; a classifier returns (batch, classes)")
+        probs = softmax(logits)
+        names = [str(c) for c in meta.get("class_names") or []]
+        if names and probs.shape[1] != len(names):
+            raise UserError(f"ARTIFACT: returns {probs.shape[1]} classes but names {len(names)}; re-export it")
+        labels = names or [str(i) for i in range(probs.shape[1])]
+        rows = []
+        for p in probs:
+            top = rank(p, top_k)
+            rows.append({"label": labels[top[0]], "index": top[0], "probability": float(p[top[0]]),
+                         "top": [[labels[i], float(p[i])] for i in top]})
+        return rows
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (shifted by the row maximum, so large logits do not overflow)."""
+    z = logits.astype(np.float64)
+    z = np.exp(z - z.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def rank(probs: np.ndarray, k: int) -> list[int]:
+    """Indices of the k largest probabilities, largest first; ties go to the lower index (like argmax)."""
+    return [int(i) for i in np.argsort(-probs, kind="stable")[:k]]
+
 
 class ClassEvaluation(Evaluation):
     def __init__(self, task: Task, names: Sequence[str]) -> None:

@@ -26,6 +26,7 @@ from torch import nn
 from trainforge.config import Config, config_from_yaml_text
 from trainforge.data.base import DataInfo, InputInfo, Modality
 from trainforge.errors import UserError, quote
+from trainforge.imports import load_target
 from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
 from trainforge.engine.checkpoint import (
     MODEL_FILE,
@@ -203,7 +204,27 @@ def load_trained(path: Path, verify: bool = True) -> Trained:
     """A run dir (its final model, else its newest checkpoint), a final/ dir, or a checkpoint dir.
 
     With `verify` (the default) every file read must match its manifest's SHA-256 (UserError otherwise).
+    A task that is not shipped is registered by the run's own code: the modules its data.target and model.target
+    name (which rebuilding its data and model imports anyway) are imported first.
     """
+    trained = _load_trained(path, verify)
+    register_run_task(trained.config, trained.info)
+    return trained
+
+
+def register_run_task(config: Config, info: DataInfo) -> None:
+    """Import the run's data.target and model.target modules when its task is not registered yet."""
+    if info.task in TASKS:
+        return
+    for target, key in ((config.data.target, "data.target"), (config.model.target, "model.target")):
+        if isinstance(target, str) and ":" in target:
+            load_target(target, key)
+    if info.task not in TASKS:
+        raise UserError(f"data_info.task: {info.task!r} is not a registered task, and neither the run's data.target "
+                        "nor its model.target registers it; import the module that does, or retrain")
+
+
+def _load_trained(path: Path, verify: bool) -> Trained:
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such checkpoint or run directory")
