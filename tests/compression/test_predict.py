@@ -577,3 +577,93 @@ def test_bad_token_id_lines(text, tmp_path, capsys, line, expected):
 @pytest.mark.parametrize("option", ["--top-k", "--batch-size", "--threads"])
 def test_options_below_one(digits, capsys, option):
     one_line_error(["predict", str(digits.path), digits.pngs[0], option, "0"], capsys, f"{option}: must be at least 1, got 0")
+
+
+# ---- (e) arrays: any model reads .npz/.npy as its graph takes them; hostile array files are one line --------
+
+
+def test_arrays_serve_what_the_files_serve(digits, tmp_path, capsys):
+    """The preprocessed inputs saved as arrays (a batch in one .npy, one sample per .npz) predict exactly what the
+    image files predict: the array path feeds the graph the same numbers, without preprocessing them again."""
+    xs = np.stack(served(digits.meta, digits.pngs[:6]))
+    from_files = run_json(["predict", str(digits.path), *digits.pngs[:6]], capsys)["predictions"]
+    np.save(tmp_path / "batch.npy", xs)
+    singles = []
+    for i, x in enumerate(xs):
+        np.savez(tmp_path / f"{i}.npz", input=x)
+        singles.append(str(tmp_path / f"{i}.npz"))
+    batch = run_json(["predict", str(digits.path), str(tmp_path / "batch.npy")], capsys)["predictions"]
+    one_by_one = run_json(["predict", str(digits.path), *singles], capsys)["predictions"]
+    assert [p["input"] for p in batch] == [f"{tmp_path / 'batch.npy'}[{i}]" for i in range(6)]
+    assert [p["input"] for p in one_by_one] == singles
+    for got in (batch, one_by_one):
+        assert [(p["index"], p["probability"]) for p in got] == [(p["index"], p["probability"]) for p in from_files]
+
+
+def _hostile(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / ("bad.npy" if kind in ("pickle", "ndim") else "bad.npz")
+    x = np.zeros((1, 8, 8), np.float32)
+    if kind == "pickle":
+        np.save(path, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    elif kind == "ndim":
+        np.save(path, np.zeros((2, 2, 1, 8, 8), np.float32))
+    elif kind == "nan":
+        np.savez(path, input=np.where(x == 0, np.nan, x))
+    elif kind == "names":
+        np.savez(path, image=x, other=x)
+    elif kind == "strings":
+        np.savez(path, input=np.full((1, 8, 8), "a"))
+    elif kind == "not_zip":
+        path.write_text("not an archive")
+    elif kind == "inflates":
+        np.savez_compressed(path, input=np.zeros((64, 1, 8, 8), np.float32))  # 16 KiB inflated, a few bytes stored
+    return path
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("pickle", "is not a readable numpy file"),  # an object array is never unpickled
+    ("ndim", "has shape [2, 2, 1, 8, 8]; the model takes 3-dimensional samples"),
+    ("nan", "holds NaN or infinite values"),
+    ("names", "holds image, other; the model takes input"),
+    ("strings", "the model takes real numbers"),
+    ("not_zip", "is not a readable numpy file"),
+    ("inflates", "once decompressed"),
+])
+def test_a_hostile_array_file_is_one_line(digits, tmp_path, capsys, monkeypatch, kind, expected):
+    from trainforge.compression import serving
+
+    monkeypatch.setattr(serving, "MAX_ARRAY_BYTES", 8 << 10)  # the bound, scaled down to the test's files
+    one_line_error(["predict", str(digits.path), str(_hostile(tmp_path, kind))], capsys, expected)
+
+
+def test_arrays_and_files_do_not_mix_in_one_call(digits, tmp_path, capsys):
+    np.save(tmp_path / "a.npy", np.zeros((1, 8, 8), np.float32))
+    one_line_error(["predict", str(digits.path), str(tmp_path / "a.npy"), digits.pngs[0]], capsys,
+                   "pass either arrays (.npz, .npy) or image inputs")
+
+
+def test_a_model_of_several_inputs_asks_for_arrays_by_name(digits, tmp_path, capsys):
+    two = [{"name": "image", "shape": [1, 8, 8], "dtype": "float32", "modality": "image"},
+           {"name": "features", "shape": [6], "dtype": "float32", "modality": "tabular"}]
+    with_meta(digits.plain, tmp_path / "m.onnx", dict(digits.meta, inputs=two))
+    # the graph has one input, its metadata two: refused as a damaged artifact before any input is read
+    one_line_error(["predict", str(tmp_path / "m.onnx"), digits.pngs[0]], capsys,
+                   "its trainforge metadata says ['image', 'features'] -> ['logits']")
+
+
+def test_a_task_predict_does_not_know_names_the_module_to_import(digits, tmp_path, capsys):
+    with_meta(digits.plain, tmp_path / "m.onnx", dict(digits.meta, task="radar", task_module="radar_tasks"))
+    message = one_line_error(["predict", str(tmp_path / "m.onnx"), digits.pngs[0]], capsys,
+                             "is a 'radar' model, a task not registered here")
+    assert "--import radar_tasks" in message  # said, never done: predict imports nothing on an artifact's word
+    assert "radar_tasks" not in sys.modules
+    one_line_error(["predict", str(tmp_path / "m.onnx"), digits.pngs[0], "--import", "radar_tasks"], capsys,
+                   "--import: cannot import module 'radar_tasks'")
+    one_line_error(["predict", str(tmp_path / "m.onnx"), digits.pngs[0], "--import", "../evil"], capsys,
+                   "--import: '../evil' is not a module name")
+
+
+def test_a_graph_that_disagrees_with_its_metadata(digits, tmp_path, capsys):
+    with_meta(digits.plain, tmp_path / "m.onnx", dict(digits.meta, outputs=["boxes", "scores"]))
+    one_line_error(["predict", str(tmp_path / "m.onnx"), digits.pngs[0]], capsys,
+                   "its trainforge metadata says ['input'] -> ['boxes', 'scores']")

@@ -1,7 +1,8 @@
 """Tasks that are not shipped, registered by a module the run imports (tests/plugin_tasks.py), through every stage
 the core runs without naming a task (issue 41, point 6): train, evaluate, SIGKILL mid-epoch and resume
-bit-identical, two processes against one at twice the micro-batch, `plan`, and the planner's simulated peak against
-a real step. fusion's inputs are a dict of named tensors; detection's targets are a list of dicts with a different
+bit-identical, two processes against one at twice the micro-batch, `plan`, the planner's simulated peak against
+a real step, ONNX export (`trainforge compress`) and `trainforge predict` from the exported file, in a process of
+its own that imports the task's module only because --import names it. fusion's inputs are a dict of named tensors; detection's targets are a list of dicts with a different
 number of boxes per image, and its model returns a loss dict in training mode and detections in eval mode. The core
 batches, moves, calls and plans both through the task alone."""
 from __future__ import annotations
@@ -12,15 +13,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import trainforge
-from plugin_tasks import PATCH, WHOLE, Volume, detection_data, fusion_data, volume_data, volume_model
+from plugin_tasks import (BOX_CLASSES, PATCH, WHOLE, Detection, Fusion, Volume, detection_data, fusion_data,
+                          volume_data, volume_model)
 from test_crash_resume import assert_bit_identical, kill_and_resume, launch
 from trainforge.cli import main
 from trainforge.config import ModelConfig, OptimConfig
 from trainforge.planning.simulate import measure_real_step, simulate_step
+from trainforge.training.artifacts import load_trained
 
 TESTS = str(Path(__file__).resolve().parents[1])  # where plugin_tasks.py is: the runs import it from here
 COMMON = ["model.name=custom", "model.args={width: 16}", "optim.name=adamw", "optim.lr=0.003",
@@ -67,6 +71,26 @@ def test_a_fusion_run_trains_on_dict_batches_and_evaluates_through_its_task(tmp_
     again = json.loads(capsys.readouterr().out)
     assert again["accuracy"] == ev["accuracy"] and again["loss"] == pytest.approx(ev["loss"], rel=1e-6)
 
+    # exported with both inputs by name; its test accuracy is the run's; predict serves .npz files of both inputs
+    fp32 = exported(run, tmp_path, capsys, quantize="int8")
+    assert fp32["accuracy"] == ev["accuracy"] and fp32["max_abs_diff"] < 1e-4
+    samples = [fusion_data(num_samples=8).test[i] for i in range(5)]
+    inputs, _ = Fusion().collate(samples)
+    np.savez(tmp_path / "two.npz", image=inputs["image"][:2].numpy(), features=inputs["features"][:2].numpy())
+    for i in range(2, 5):
+        np.savez(tmp_path / f"{i}.npz", image=inputs["image"][i].numpy(), features=inputs["features"][i].numpy())
+    got = predicted(run, [tmp_path / "two.npz", *(tmp_path / f"{i}.npz" for i in range(2, 5))])
+    model = load_trained(run).build_model().eval()
+    with torch.no_grad():
+        probs = model(inputs).softmax(-1)
+    assert [p["input"] for p in got][:2] == [f"{tmp_path / 'two.npz'}[0]", f"{tmp_path / 'two.npz'}[1]"]
+    assert [p["index"] for p in got] == probs.argmax(-1).tolist()
+    np.testing.assert_allclose([p["probability"] for p in got], probs.max(-1).values.numpy(), rtol=1e-5)
+    # one image is not what this model takes: one line saying what it does take
+    refused = predict_cli(run, [tmp_path / "x.png"], "--import", "plugin_tasks")
+    assert refused.returncode == 2
+    assert "this model takes image (1x8x8 float32), features (6 float32)" in " ".join(refused.stderr.split())
+
 
 def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detections(tmp_path, capsys):
     run = tmp_path / "run"
@@ -91,13 +115,40 @@ def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detect
     assert code.value.code in (0, None)
     assert json.loads(capsys.readouterr().out)["recall_50"] == ev["recall_50"]
 
+    # exported as fixed-shape slots that predict filters as the model does in eval mode: the same detections
+    fp32 = exported(run, tmp_path, capsys)
+    assert fp32["recall_50"] == ev["recall_50"] and fp32["precision_50"] == ev["precision_50"]
+    images, _ = Detection().collate([detection_data(num_samples=8).test[i] for i in range(6)])
+    np.savez(tmp_path / "images.npz", input=images.numpy())
+    got = predicted(run, [tmp_path / "images.npz"])
+    model = load_trained(run).build_model().eval()
+    with torch.no_grad():
+        want = model(images)
+    assert [p["labels"] for p in got] == [[BOX_CLASSES[i] for i in d["labels"]] for d in want]
+    for p, d in zip(got, want):
+        np.testing.assert_allclose(np.array(p["boxes"]).reshape(-1, 4), d["boxes"].numpy(), atol=0.006)
+        np.testing.assert_allclose(p["scores"], d["scores"].numpy(), atol=1e-4)
 
-def test_a_volume_run_trains_on_patches_and_evaluates_larger_volumes_through_a_sliding_window(tmp_path):
+
+def test_a_volume_run_trains_on_patches_and_evaluates_larger_volumes_through_a_sliding_window(tmp_path, capsys):
     run = tmp_path / "run"
     assert trainforge.train(trainforge.load_config(None, run_overrides("train.epochs=4", task="volume")),
                             run_dir=run).status == "completed"
     ev = json.loads((run / "eval.json").read_text())
     assert ev["dice"] > 0.8 and ev["loss"] < 0.3, ev  # the ball, voxel by voxel, in volumes it never trained on
+
+    # exported as the patch model it trained as; compress and predict slide it over whole volumes as evaluation does
+    fp32 = exported(run, tmp_path, capsys)
+    assert fp32["dice"] == pytest.approx(ev["dice"], abs=1e-6) and fp32["loss"] == pytest.approx(ev["loss"], rel=1e-5)
+    volumes, _ = Volume().collate([volume_data(8).test[i] for i in range(3)])
+    np.save(tmp_path / "volumes.npy", volumes.numpy())
+    got = predicted(run, [tmp_path / "volumes.npy"])
+    trained = load_trained(run).build_model().eval()
+    with torch.no_grad():
+        classes = Volume().forward(trained, (volumes, None)).argmax(1)
+    for p, c in zip(got, classes):
+        assert p["shape"] == [WHOLE] * 3
+        assert p["voxels"] == {"background": int((c == 0).sum()), "ball": int((c == 1).sum())}
     model, _ = volume_model(volume_data(8).info)
     seen = []
     model.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape)))
@@ -107,6 +158,37 @@ def test_a_volume_run_trains_on_patches_and_evaluates_larger_volumes_through_a_s
         logits = Volume().forward(model.eval(), (volumes, labels))
     assert logits.shape == (2, 2, WHOLE, WHOLE, WHOLE)  # every voxel of the whole volume
     assert set(seen) == {(2, 1, PATCH, PATCH, PATCH)} and len(seen) == 27  # 3 overlapping windows a side
+
+
+def exported(run: Path, tmp_path: Path, capsys, quantize: str = "none") -> dict:
+    """`trainforge compress RUN` (ONNX export, measured on the test split): the fp32 row of its table."""
+    with pytest.raises(SystemExit) as code:
+        main(["compress", str(run), "--quantize", quantize, "--bench-seconds", "0.02", "--out", str(onnx_dir(run)),
+              "--json"])
+    captured = capsys.readouterr()
+    assert code.value.code in (0, None), captured.err
+    doc = json.loads(captured.out)
+    return next(v for v in doc["variants"] if v["name"] == "fp32")
+
+
+def onnx_dir(run: Path) -> Path:
+    return run.parent / "onnx"
+
+
+def predict_cli(run: Path, inputs: list, *options: str) -> subprocess.CompletedProcess:
+    """`trainforge predict` on the run's exported folder, in a fresh process (which imports no test module itself)."""
+    cmd = [sys.executable, "-m", "trainforge", "predict", str(onnx_dir(run)), *map(str, inputs), *options]
+    return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+
+
+def predicted(run: Path, inputs: list) -> list[dict]:
+    """The predictions from the exported folder: refused until --import names the module that registers the task
+    (an artifact's word imports nothing), then served."""
+    plain = predict_cli(run, inputs)
+    assert plain.returncode == 2 and "pass --import plugin_tasks" in " ".join(plain.stderr.split()), plain.stderr
+    done = predict_cli(run, inputs, "--import", "plugin_tasks", "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)["predictions"]
 
 
 def _untrained_recall() -> float:
@@ -172,11 +254,11 @@ def test_a_plugin_task_run_sigkilled_mid_epoch_resumes_bit_identical(task, tmp_p
 @pytest.mark.serial
 @pytest.mark.parametrize("task", sorted(TASK_RUNS))
 def test_two_processes_on_a_plugin_task_match_one_at_twice_the_micro_batch(task, tmp_path):
-    trainforge.train(trainforge.load_config(None, run_overrides("train.max_steps=20", micro=8, task=task)),
+    trainforge.train(trainforge.load_config(None, run_overrides("train.max_steps=12", micro=8, task=task)),
                      run_dir=tmp_path / "one")
-    two = subprocess.run(cli(tmp_path / "two", *run_overrides("train.max_steps=20", micro=4, task=task), nproc=2), env=env(),
+    two = subprocess.run(cli(tmp_path / "two", *run_overrides("train.max_steps=12", micro=4, task=task), nproc=2), env=env(),
                          capture_output=True, text=True, timeout=300)
     assert two.returncode == 0, two.stderr[-3000:]
     one, other = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
-    assert len(one) == len(other) == 20
+    assert len(one) == len(other) == 12
     assert max(abs(a - b) for a, b in zip(one, other)) < 1e-5
