@@ -226,6 +226,26 @@ def test_micro_batch_auto_sizes_a_plugin_tasks_batch(task, tmp_path):
 
 
 @pytest.mark.parametrize("task", sorted(TASK_RUNS))
+def test_the_job_admission_sizes_a_plugin_tasks_job(task):
+    """The queue's sizing (its pre-flight, then the planner's peak and `auto` pinned to what fits a slot) takes the
+    task's batch as it takes any other. (The server itself runs no custom code, so this is the sizing a submission
+    gets once its config is loaded.)"""
+    from trainforge.jobs.admission import size_submission
+    from trainforge.jobs.slots import Slot
+
+    gib = 1 << 30
+    cfg = trainforge.load_config(None, [*TASK_RUNS[task], "train.micro_batch_size=auto", "train.max_steps=8"])
+    job = size_submission(cfg, 1, [Slot("cpu0", "cpu", "cpu", 2 * gib, 2 * gib)])
+    assert 0 < job.memory_bytes < 2 * gib and job.total_steps == 8
+    assert 1 <= job.micro_batch_size <= 16 and f"micro_batch_size: {job.micro_batch_size}" in job.config_yaml
+    tiny = [Slot("cpu0", "cpu", "cpu", 1 << 16, 1 << 16)]  # 64 KiB: less than some of these models' weights
+    fixed = trainforge.load_config(None, [*TASK_RUNS[task], "train.micro_batch_size=8", "train.max_steps=8"])
+    for refused in (cfg, fixed):
+        with pytest.raises(trainforge.UserError, match="but the largest slot holds|auto found no micro-batch that fits"):
+            size_submission(refused, 1, tiny)
+
+
+@pytest.mark.parametrize("task", sorted(TASK_RUNS))
 def test_plan_names_a_setup_for_a_plugin_task(task, tmp_path, capsys):
     recipe = tmp_path / f"{task}.yaml"
     recipe.write_text(f"name: {task}\n")

@@ -247,6 +247,21 @@ def run_feeds(artifact: Artifact, feeds: dict[str, np.ndarray]) -> dict[str, np.
     return dict(zip(names, values))
 
 
+def run_batch(artifact: Artifact, batch: Union[np.ndarray, dict[str, np.ndarray]]) -> Any:
+    """The model's output on one batch (an array for a model of one input, else {input name: array}), served as
+    predict serves it: the one output of a model that has one, else {output name: array}. MLflow's model of the
+    ONNX variant (tracking/pyfunc_onnx.py) predicts through this."""
+    specs = input_specs(artifact.meta)
+    feeds = batch if isinstance(batch, dict) else {str(specs[0]["name"]): batch}
+    dtypes = {str(i["name"]): DTYPES[str(i["dtype"])] for i in specs}
+    if set(feeds) != set(dtypes):
+        raise UserError(f"ARTIFACT: {artifact.path} takes {', '.join(dtypes)}; got {', '.join(map(str, feeds)) or 'nothing'}")
+    feeds = {k: np.ascontiguousarray(np.asarray(v), dtype=dtypes[k]) for k, v in feeds.items()}
+    task = artifact.task or served_task(artifact.meta, artifact.path)
+    outputs = task.serve(lambda f: run_feeds(artifact, f), feeds, artifact.meta)
+    return next(iter(outputs.values())) if len(outputs) == 1 else outputs
+
+
 def samples_of(artifact: Artifact, inputs: Sequence[str], stdin: Optional[BinaryIO]) -> Iterable[tuple[str, dict[str, np.ndarray]]]:
     """The INPUTs as samples ({input name: array}): arrays (.npz, .npy) for any model; otherwise the reader of the
     modality of a model's one input (images, text lines, CSV rows)."""

@@ -13,7 +13,7 @@ import mlflow
 import numpy as np
 from mlflow.pyfunc import PythonModel
 
-from trainforge.compression.predict import DTYPES, load_artifact, run_batch
+from trainforge.compression.predict import load_artifact, run_batch
 
 
 class TrainforgeOnnxModel(PythonModel):
@@ -21,8 +21,9 @@ class TrainforgeOnnxModel(PythonModel):
         self.artifact = load_artifact(context.artifacts["compressed"])  # the recommended variant, verified
 
     def predict(self, context, model_input, params=None):  # noqa: ANN001  MLflow reads type hints as a schema
-        dtype = DTYPES[self.artifact.meta["input_dtype"]]
-        return run_batch(self.artifact, np.ascontiguousarray(np.asarray(model_input), dtype=dtype))
+        # one array, or a dict of them by input name for a model of several inputs; the output the task serves
+        batch = model_input if isinstance(model_input, dict) else np.asarray(model_input)
+        return run_batch(self.artifact, batch)
 
 
 mlflow.models.set_model(TrainforgeOnnxModel())
