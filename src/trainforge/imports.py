@@ -33,9 +33,9 @@ def load_target(target: Optional[str], key: str) -> Callable[..., Any]:
                 f"{key}: cannot import module {module_name!r} ({e}); "
                 f"expected {FORM} importable from the current directory or PYTHONPATH"
             ) from None
-        raise UserError(f"{key}: importing {module_name!r} failed: {_where(e)}") from None
+        raise UserError(f"{key}: importing {module_name!r} failed: {where(e)}") from None
     except Exception as e:  # the user's module may fail in any way while importing
-        raise UserError(f"{key}: importing {module_name!r} failed: {_where(e)}") from None
+        raise UserError(f"{key}: importing {module_name!r} failed: {where(e)}") from None
     obj = module
     for part in attr.split("."):
         if not hasattr(obj, part):
@@ -59,12 +59,12 @@ def import_module(module_name: str, key: str) -> Any:
         if e.name is not None and module_name.startswith(e.name):
             raise UserError(f"{key}: cannot import module {module_name!r} ({e}); it must be importable from the "
                             "current directory or PYTHONPATH") from None
-        raise UserError(f"{key}: importing {module_name!r} failed: {_where(e)}") from None
+        raise UserError(f"{key}: importing {module_name!r} failed: {where(e)}") from None
     except Exception as e:  # the user's module may fail in any way while importing
-        raise UserError(f"{key}: importing {module_name!r} failed: {_where(e)}") from None
+        raise UserError(f"{key}: importing {module_name!r} failed: {where(e)}") from None
 
 
-def _where(exc: BaseException) -> str:
+def where(exc: BaseException) -> str:
     """`Type: message (file:line)` of the innermost frame: enough to find the mistake in the user's code."""
     tb = traceback.extract_tb(exc.__traceback__)
     place = f" ({tb[-1].filename}:{tb[-1].lineno})" if tb else ""
@@ -125,7 +125,7 @@ def call_user(
     except UserError:
         raise
     except Exception as e:  # the user's code may fail in any way: one line with where, not a traceback
-        raise UserError(f"{key}: {declared} failed: {_where(e)}") from None
+        raise UserError(f"{key}: {declared} failed: {where(e)}") from None
 
 
 _FIRST = "\0first"  # the positional argument of the factory form, kept apart from keyword names

@@ -559,7 +559,9 @@ def test_a_language_model_artifact(text, tmp_path, capsys):
     lm = with_meta(text.plain, tmp_path / "lm.onnx", text_meta(task="lm"))
     lines = tmp_path / "lines.txt"
     lines.write_text("hello\n")
-    one_line_error(["predict", str(lm), str(lines)], capsys, "predict serves classification models")
+    # the served tasks are listed (a test worker may have registered more than the shipped classification)
+    message = one_line_error(["predict", str(lm), str(lines)], capsys, "predict serves classification")
+    assert "is a 'lm' model (a language model: sample from it with the checkpoint instead)" in message
 
 
 @pytest.mark.parametrize("line,expected", [
@@ -667,3 +669,21 @@ def test_a_graph_that_disagrees_with_its_metadata(digits, tmp_path, capsys):
     with_meta(digits.plain, tmp_path / "m.onnx", dict(digits.meta, outputs=["boxes", "scores"]))
     one_line_error(["predict", str(tmp_path / "m.onnx"), digits.pngs[0]], capsys,
                    "its trainforge metadata says ['input'] -> ['boxes', 'scores']")
+
+
+def test_a_task_whose_own_serving_code_fails_is_one_line(digits, tmp_path, capsys, monkeypatch):
+    """A task a module registers (--import) runs its own code on the outputs; when that code fails, one line says
+    which task and where, not a traceback."""
+    from trainforge.tasks import TASKS
+    from trainforge.tasks.classification import Classification
+
+    class Broken(Classification):
+        name = "broken"
+
+        def predictions(self, outputs, meta, *, top_k):
+            return [{}["missing"] for _ in outputs.values()]
+
+    monkeypatch.setitem(TASKS._entries, "broken", Broken())
+    path = with_meta(digits.plain, tmp_path / "m.onnx", dict(digits.meta, task="broken"))
+    message = one_line_error(["predict", str(path), digits.pngs[0]], capsys, "its task 'broken'")
+    assert "failed in predictions: KeyError" in message and "test_predict.py:" in message

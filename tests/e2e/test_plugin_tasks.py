@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import trainforge
-from plugin_tasks import (BOX_CLASSES, PATCH, WHOLE, Detection, Fusion, Volume, detection_data, fusion_data,
+from PIL import Image
+from plugin_tasks import (BOX_CLASSES, BOX_COLOURS, PATCH, WHOLE, Detection, Fusion, Volume, detection_data, fusion_data,
                           volume_data, volume_model)
 from test_crash_resume import assert_bit_identical, kill_and_resume, launch
 from trainforge.cli import main
@@ -120,7 +121,7 @@ def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detect
     assert fp32["recall_50"] == ev["recall_50"] and fp32["precision_50"] == ev["precision_50"]
     images, _ = Detection().collate([detection_data(num_samples=8).test[i] for i in range(6)])
     np.savez(tmp_path / "images.npz", input=images.numpy())
-    got = predicted(run, [tmp_path / "images.npz"])
+    got = predicted(run, [tmp_path / "images.npz"], "--images", str(tmp_path / "drawn"))
     model = load_trained(run).build_model().eval()
     with torch.no_grad():
         want = model(images)
@@ -128,6 +129,15 @@ def test_a_detection_run_trains_on_list_of_dict_targets_and_evaluates_its_detect
     for p, d in zip(got, want):
         np.testing.assert_allclose(np.array(p["boxes"]).reshape(-1, 4), d["boxes"].numpy(), atol=0.006)
         np.testing.assert_allclose(p["scores"], d["scores"].numpy(), atol=1e-4)
+        # --images: the image with each box drawn in its class's colour, on the box's edge
+        picture = np.asarray(Image.open(p["image"]))
+        assert picture.shape == (8 * images.shape[2], 8 * images.shape[3], 3)
+        if p["labels"]:  # the box drawn last is on top at its corner
+            (x1, y1, x2, y2), label = p["boxes"][-1], p["labels"][-1]
+            assert tuple(picture[int(8 * min(y1, y2)) + 1, int(8 * min(x1, x2)) + 1]) == BOX_COLOURS[label]
+    assert sum(bool(p["labels"]) for p in got) >= 1  # the drawing check above is not vacuous
+    refused = predict_cli(run, [tmp_path / "images.npz"], "--import", "plugin_tasks", "--images", str(tmp_path / "drawn"))
+    assert refused.returncode == 2 and "--images" in refused.stderr and "is not empty" in refused.stderr
 
 
 def test_a_volume_run_trains_on_patches_and_evaluates_larger_volumes_through_a_sliding_window(tmp_path, capsys):
@@ -181,12 +191,12 @@ def predict_cli(run: Path, inputs: list, *options: str) -> subprocess.CompletedP
     return subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
 
 
-def predicted(run: Path, inputs: list) -> list[dict]:
+def predicted(run: Path, inputs: list, *options: str) -> list[dict]:
     """The predictions from the exported folder: refused until --import names the module that registers the task
     (an artifact's word imports nothing), then served."""
     plain = predict_cli(run, inputs)
     assert plain.returncode == 2 and "pass --import plugin_tasks" in " ".join(plain.stderr.split()), plain.stderr
-    done = predict_cli(run, inputs, "--import", "plugin_tasks", "--json")
+    done = predict_cli(run, inputs, "--import", "plugin_tasks", "--json", *options)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)["predictions"]
 
@@ -217,12 +227,14 @@ def test_the_planner_simulates_a_plugin_tasks_batch_within_15_percent_of_a_real_
 
 @pytest.mark.parametrize("task", sorted(TASK_RUNS))
 def test_micro_batch_auto_sizes_a_plugin_tasks_batch(task, tmp_path):
-    """`micro_batch_size: auto` is the planner's answer from the task's example batch; the run then trains with it."""
+    """`micro_batch_size: auto` is the planner's answer from the task's example batch; the run then trains with it,
+    its batches collated by the task in two loader worker processes."""
     run = tmp_path / "run"
-    cfg = trainforge.load_config(None, [*TASK_RUNS[task], "train.micro_batch_size=auto", "train.max_steps=4"])
+    cfg = trainforge.load_config(None, [*TASK_RUNS[task], "train.micro_batch_size=auto", "train.max_steps=4",
+                                        "data.num_workers=2"])
     assert trainforge.train(cfg, run_dir=run).status == "completed"
     ran = json.loads((run / "final" / "model.json").read_text())["ran"]
-    assert 1 <= ran["micro_batch_size"] <= 16 and 16 % ran["micro_batch_size"] == 0
+    assert 1 <= ran["micro_batch_size"] <= 16 and 16 % ran["micro_batch_size"] == 0 and ran["num_workers"] == 2
 
 
 @pytest.mark.parametrize("task", sorted(TASK_RUNS))

@@ -36,6 +36,9 @@ def _predict_command(
     threads: Optional[int] = typer.Option(None, "--threads", help="onnxruntime intra-op threads (default: all cores)."),
     imports: Optional[List[str]] = typer.Option(None, "--import", metavar="MODULE", help="Import this module "
                                                 "first: your own code that registers the model's task (repeatable)."),
+    images: Optional[Path] = typer.Option(None, "--images", metavar="DIR", help="Write a picture of each "
+                                          "prediction where the model's task draws one (a detector's boxes on its "
+                                          "image) into DIR, a new or empty folder."),
     as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of the .onnx file against "
                                    "its folder's manifest.json (e.g. an artifact exported before manifests existed)."),
@@ -45,7 +48,7 @@ def _predict_command(
     from trainforge.compression.predict import predict  # numpy + onnxruntime: the CLI starts fast without them
 
     result = predict(artifact, inputs or [], top_k=top_k, batch_size=batch_size, threads=threads, verify=not no_verify,
-                     variant=variant, imports=imports or ())
+                     variant=variant, imports=imports or (), images=images)
     if as_json:
         print_json(result)
         return
@@ -62,6 +65,7 @@ def _predict_command(
     from trainforge.tasks import TASKS
 
     columns = TASKS.get(result["task"]).prediction_columns
+    columns += ("image",) if any("image" in p for p in result["predictions"]) else ()
     table = Table(title=Text(f"{result['artifact']} ({result['variant']}{why})"))
     table.add_column("input")
     for column in columns:

@@ -27,7 +27,7 @@ from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, s
 from trainforge.compression.serving import (ARRAY_SUFFIXES, READERS, STDIN, array_samples, reads_arrays,
                                             require_files, text_lines)
 from trainforge.errors import UserError
-from trainforge.imports import import_module
+from trainforge.imports import import_module, where
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
 from trainforge.layout import COMPRESS_RECORD
 from trainforge.tasks import TASKS, Task
@@ -281,16 +281,57 @@ def samples_of(artifact: Artifact, inputs: Sequence[str], stdin: Optional[Binary
 
 
 def infer(artifact: Artifact, samples: Iterable[tuple[str, dict[str, np.ndarray]]], top_k: int,
-          batch_size: int) -> list[dict[str, Any]]:
-    """Each sample's prediction, as the artifact's task reports it (classification: label, probability, top)."""
+          batch_size: int, images: Optional[Path] = None) -> list[dict[str, Any]]:
+    """Each sample's prediction, as the artifact's task reports it (classification: label, probability, top);
+    with `images`, the task's picture of each prediction that has one, written there (its path under "image")."""
     task = artifact.task or served_task(artifact.meta, artifact.path)
     dtypes = {str(i["name"]): DTYPES[str(i["dtype"])] for i in input_specs(artifact.meta)}
-    predictions = []
+    predictions: list[dict[str, Any]] = []
     for names, feeds in batches(samples, batch_size, dtypes):
-        outputs = task.serve(lambda f: run_feeds(artifact, f), feeds, artifact.meta)
-        rows = task.predictions(outputs, artifact.meta, top_k=top_k)
-        predictions.extend({"input": name, **row} for name, row in zip(names, rows))
+        outputs = task_call(task, "serve", lambda: task.serve(lambda f: run_feeds(artifact, f), feeds, artifact.meta))
+        rows = task_call(task, "predictions", lambda: task.predictions(outputs, artifact.meta, top_k=top_k))
+        for i, (name, row) in enumerate(zip(names, rows)):
+            prediction = {"input": name, **row}
+            if images is not None:
+                one_in, one_out = {k: v[i] for k, v in feeds.items()}, {k: v[i] for k, v in outputs.items()}
+                picture = task_call(task, "prediction_image",
+                                    lambda: task.prediction_image(one_in, one_out, row, artifact.meta))
+                if picture is not None:
+                    prediction["image"] = str(save_picture(picture, images / f"{len(predictions):05d}.png"))
+            predictions.append(prediction)
     return predictions
+
+
+def task_call(task: Task, what: str, call: Any) -> Any:
+    """`call()`, a step of the task's serving; a task's own code (a module --import loaded) that fails is one line
+    saying where, not a traceback."""
+    try:
+        return call()
+    except UserError:
+        raise
+    except Exception as e:  # a task's code may fail in any way on inputs it did not expect
+        raise UserError(f"ARTIFACT: its task {task.name!r} ({type(task).__module__}) failed in {what}: "
+                        f"{where(e)}") from None
+
+
+def check_images_dir(images: Optional[Path]) -> None:
+    """--images: a new or empty folder (nothing the user has is overwritten)."""
+    if images is None:
+        return
+    if images.exists() and (not images.is_dir() or any(images.iterdir())):
+        raise UserError(f"--images: {images} {'is a file' if not images.is_dir() else 'is not empty'}; name a new "
+                        "or empty folder")
+
+
+def save_picture(picture: np.ndarray, path: Path) -> Path:
+    from PIL import Image  # Pillow: predict reads images with it already
+
+    if picture.dtype != np.uint8 or picture.ndim != 3 or picture.shape[2] != 3:
+        raise UserError(f"ARTIFACT: its task drew a {picture.dtype} picture of shape {list(picture.shape)}; a picture "
+                        "is (height, width, 3) uint8")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(picture, mode="RGB").save(path)
+    return path
 
 
 def check_positive(value: Optional[int], option: str) -> None:
@@ -309,12 +350,15 @@ def predict(
     verify: bool = True,
     variant: Optional[str] = None,
     imports: Sequence[str] = (),
+    images: Optional[Union[str, Path]] = None,
 ) -> dict[str, Any]:
     """Predict `inputs` (image files; text files or '-'; CSV files or '-'; .npz/.npy arrays) with an artifact.
 
     `verify=False` skips the SHA-256 check against the artifact folder's manifest.json (--no-verify).
     `variant` (--variant) serves that variant of a compress output folder instead of its recommended one.
     `imports` (--import): modules to import first, e.g. the user's own module that registers the model's task.
+    `images` (--images): a new or empty folder for the task's picture of each prediction, where the task draws one
+    (a detector's boxes on its image); each such prediction names its file under "image".
 
     Returns {"artifact": the .onnx file served, "variant": its variant name, "recommended": the folder's
     recommended variant (null when ARTIFACT is a file), "chosen_by": "recommended" | "--variant" | "file",
@@ -333,7 +377,9 @@ def predict(
     if (Path(artifact) / "config.json").is_file():  # a transformers folder (a run's final/hf): a causal LM to serve
         return serve_generation(Path(artifact), inputs, stdin=stdin, verify=verify)
     art = load_artifact(artifact, threads=threads, verify=verify, variant=variant)
-    predictions = infer(art, samples_of(art, inputs, stdin), top_k, batch_size)
+    pictures = None if images is None else Path(images)
+    check_images_dir(pictures)
+    predictions = infer(art, samples_of(art, inputs, stdin), top_k, batch_size, pictures)
     if not predictions:
         raise UserError(f"INPUT: {', '.join(inputs)} held no inputs (no non-empty lines or data rows); add some")
     choice = art.choice or Choice(art.path)

@@ -179,6 +179,13 @@ class Task:
     # the keys of a prediction `trainforge predict` shows as table columns (--json shows all of it)
     prediction_columns: tuple[str, ...] = ()
 
+    def prediction_image(self, sample: Feeds, output: dict[str, np.ndarray], prediction: dict[str, Any],
+                         meta: dict[str, Any]) -> Optional[np.ndarray]:
+        """A picture of one prediction where one helps (`predict --images DIR`): an (H, W, 3) uint8 array (a
+        detector's boxes drawn on its image, a volume's mask over a slice), or None. `sample` and `output`: the one
+        sample's inputs as the graph took them and its outputs as `serve` gave them; `prediction`: its report."""
+        return None
+
 
 class Evaluation:
     """Sums a pass's loss (no label smoothing) over the units the task averages over; a task adds its metrics."""
