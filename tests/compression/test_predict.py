@@ -617,6 +617,20 @@ def _hostile(tmp_path: Path, kind: str) -> Path:
         np.savez(path, input=np.full((1, 8, 8), "a"))
     elif kind == "not_zip":
         path.write_text("not an archive")
+    elif kind in ("claims", "claims_npz"):  # a header claiming 4 TiB over 64 bytes of data
+        from numpy.lib import format as npy
+
+        header = io.BytesIO()
+        npy.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40,)})
+        data = header.getvalue() + b"\0" * 64
+        if kind == "claims":
+            path = tmp_path / "claims.npy"
+            path.write_bytes(data)
+        else:
+            import zipfile
+
+            with zipfile.ZipFile(path, "w") as archive:
+                archive.writestr("input.npy", data)
     elif kind == "inflates":
         np.savez_compressed(path, input=np.zeros((64, 1, 8, 8), np.float32))  # 16 KiB inflated, a few bytes stored
     return path
@@ -630,6 +644,8 @@ def _hostile(tmp_path: Path, kind: str) -> Path:
     ("strings", "the model takes real numbers"),
     ("not_zip", "is not a readable numpy file"),
     ("inflates", "once decompressed"),
+    ("claims", "claims a [1099511627776] float32 array, more than the"),
+    ("claims_npz", "claims a [1099511627776] float32 array, more than the"),
 ])
 def test_a_hostile_array_file_is_one_line(digits, tmp_path, capsys, monkeypatch, kind, expected):
     from trainforge.compression import serving

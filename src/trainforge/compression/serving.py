@@ -381,11 +381,16 @@ def read_arrays(name: str, names: Sequence[str]) -> dict[str, np.ndarray]:
                                 "files with an array of each name")
             if path.stat().st_size > MAX_ARRAY_BYTES:
                 raise UserError(f"INPUT: {name} is over {MAX_ARRAY_BYTES >> 30} GiB; split it into several files")
+            with path.open("rb") as f:
+                check_declared_size(f, path.stat().st_size, name)
             return {names[0]: np.load(path, allow_pickle=False)}
         with zipfile.ZipFile(path) as archive:
             members = {m.filename.removesuffix(".npy"): m for m in archive.infolist()}
             if sum(m.file_size for m in members.values()) > MAX_ARRAY_BYTES:  # the sizes once inflated
                 raise UserError(f"INPUT: {name} holds over {MAX_ARRAY_BYTES >> 30} GiB once decompressed; split it")
+            for key, member in members.items():
+                with archive.open(member) as f:
+                    check_declared_size(f, member.file_size, f"{name}: {key!r}")
         keys = list(names) if len(names) > 1 or names[0] in members else list(members)[:1]
         missing = [k for k in keys if k not in members]
         if missing or (len(names) == 1 and len(members) != 1 and names[0] not in members):
@@ -399,6 +404,19 @@ def read_arrays(name: str, names: Sequence[str]) -> dict[str, np.ndarray]:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"INPUT: {name} is not a readable numpy file ({reason}); save it with numpy.save or "
                         "numpy.savez") from None
+
+
+def check_declared_size(f: BinaryIO, stored_bytes: int, label: str) -> None:
+    """An .npy header's shape and dtype claim no more bytes than are stored: numpy allocates what the header claims
+    before it reads, so a 100-byte file claiming 4 TiB would otherwise be a MemoryError (or that much memory)."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(f)
+    read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    shape, _, dtype = read_header(f)
+    if math.prod(shape) * dtype.itemsize > stored_bytes:
+        raise UserError(f"INPUT: {label} claims a {list(shape)} {dtype} array, more than the {stored_bytes} bytes it "
+                        "holds; save it again with numpy.save or numpy.savez")
 
 
 def checked_array(a: np.ndarray, spec: dict[str, Any], name: str) -> np.ndarray:
