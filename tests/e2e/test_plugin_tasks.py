@@ -80,7 +80,8 @@ def test_a_fusion_run_trains_on_dict_batches_and_evaluates_through_its_task(tmp_
     np.savez(tmp_path / "two.npz", image=inputs["image"][:2].numpy(), features=inputs["features"][:2].numpy())
     for i in range(2, 5):
         np.savez(tmp_path / f"{i}.npz", image=inputs["image"][i].numpy(), features=inputs["features"][i].numpy())
-    got = predicted(run, [tmp_path / "two.npz", *(tmp_path / f"{i}.npz" for i in range(2, 5))])
+    # fp32 against the PyTorch model (compress may recommend int8 on a machine where it is faster)
+    got = predicted(run, [tmp_path / "two.npz", *(tmp_path / f"{i}.npz" for i in range(2, 5))], "--variant", "fp32")
     model = load_trained(run).build_model().eval()
     with torch.no_grad():
         probs = model(inputs).softmax(-1)
