@@ -104,7 +104,7 @@ class Detection(Task):
     """A sample is (image (1, 32, 32), {"boxes": (n, 4) x1 y1 x2 y2 in pixels, "labels": (n,)}) with n of 1..3; a batch
     is (images stacked, a list of n target dicts). Recall and precision at IoU 0.5 (torchvision.ops.box_iou)."""
 
-    name = "detection"
+    name = "slot_detection"
     title = "object detection"
     description = "boxes and labels, a different number per image (test only)"
     metrics = ("recall_50", "precision_50")
@@ -193,7 +193,7 @@ class DetectionEvaluation(Evaluation):
                 "precision_50": self.matched / self.predicted if self.predicted else 0.0}
 
 
-if "detection" not in TASKS:
+if "slot_detection" not in TASKS:
     register_task(Detection)
 
 
@@ -226,7 +226,7 @@ class BoxSamples(Dataset):
 
 
 def detection_data(num_samples: int = 256, seed: int = 0) -> DataBundle:
-    info = DataInfo("detection", "image", (1, SIDE, SIDE), "float32", len(BOX_CLASSES), BOX_CLASSES)
+    info = DataInfo("slot_detection", "image", (1, SIDE, SIDE), "float32", len(BOX_CLASSES), BOX_CLASSES)
     return DataBundle(info, BoxSamples(num_samples, seed), BoxSamples(32, seed + 1), BoxSamples(32, seed + 2),
                       report={"source": "detection test data"})
 

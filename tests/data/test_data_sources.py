@@ -13,8 +13,8 @@ from trainforge.data import SOURCES, build_data
 from trainforge.errors import UnknownNameError, UserError
 
 EXPECTED_SOURCES = {
-    "chat", "csv", "custom", "digits", "hf_datasets", "imagefolder", "jsonl", "synthetic_images", "synthetic_text",
-    "textfile", "torchvision", "webdataset",
+    "chat", "coco", "csv", "custom", "digits", "hf_datasets", "imagefolder", "jsonl", "synthetic_images", "synthetic_text",
+    "textfile", "torchvision", "voc", "webdataset", "yolo",
 }
 
 

@@ -12,12 +12,14 @@ import numpy as np
 import pytest
 import timm
 import torch
+import torchvision
 from PIL import Image
 from safetensors.torch import save_file
 
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
 from trainforge.cli import main, recipe_summary
 from trainforge.tasks import TASKS
+from vision_data import write_shapes
 
 COMMON = ["train.max_steps=2", "train.eval_every_steps=2", "log.progress=false", "log.tensorboard=false",
           "train.early_stopping=null"]
@@ -49,6 +51,9 @@ ON_FILES = {
     # timm's tiny test_resnet (its data config: 160x160 crops) stands in for ConvNeXt, weights from a file
     "images_finetune": lambda f: [f"data.path={f['photos']}", "model.args.arch=test_resnet",
                                   f"model.args.pretrained={f['timm']}", "train.global_batch_size=4"],
+    # the recipe's own Faster R-CNN, its "COCO weights" a state dict file of the arch saved here (random values)
+    "coco_detection_finetune": lambda f: [f"data.path={f['boxes']}", f"model.args.pretrained={f['detector']}",
+                                          "data.args.image_size=96", "train.global_batch_size=2"],
 }
 
 
@@ -86,7 +91,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     weights = root / "test_resnet.safetensors"
     torch.manual_seed(0)
     save_file(timm.create_model("test_resnet", pretrained=False).state_dict(), str(weights))
-    return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"),
+    write_shapes(root / "shapes", n=16, side=96, seed=0, formats=("coco",))
+    detector = root / "fasterrcnn_mobilenet_v3_large_fpn.pth"
+    torch.save(torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_fpn", weights=None,
+                                            weights_backbone=None).state_dict(), detector)
+    return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"), "boxes": root / "shapes" / "coco",
+            "detector": detector,
             "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
             "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
 
@@ -99,7 +109,10 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
 
     recipe = load_config(name)
     assert not Path(recipe.data.path).is_absolute()
-    assert recipe.data.tokenizer == "model" if recipe.model.name == "hf" else recipe.data.normalize == "model"
+    if recipe.model.name == "hf":
+        assert recipe.data.tokenizer == "model"
+    else:  # a detector normalizes its images itself, as its weights expect
+        assert recipe.data.normalize == ("none" if recipe.model.name == "detector" else "model")
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as code:
         main(["train", name, *COMMON, *ON_FILES[name](files), "--run-dir", str(run), "--json"])
@@ -107,8 +120,11 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "completed" and doc["steps"] == 2
     ev = json.loads((run / "eval.json").read_text())
-    assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
     assert_listed_task(name, run)
+    if recipe.model.name == "detector":  # COCO's metrics, no loss (a detector in eval mode gives detections)
+        assert "loss" not in ev and all(0 <= ev[k] <= 1 for k in ("map", "map_50", "map_75"))
+        return
+    assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
     if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
         pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
         assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]

@@ -93,6 +93,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
 
     cfg, info = trained.config, trained.info
     task = task_of(info)
+    if task.export_refusal is not None:
+        raise UserError(f"{checkpoint}: a {task.name} model; {task.export_refusal}")
     signature = task.export_signature(info)
     test, calibration = load_splits(cfg, options.calibration_samples, trained.preprocess, task, info)
     model = trained.build_model().eval()

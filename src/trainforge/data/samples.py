@@ -34,6 +34,8 @@ class Samples:
     # language modelling: the samples are windows of one text, split into contiguous ranges so that no window of the
     # val or test text is trained on; False where they are independent records (conversations): split at random
     contiguous = True
+    # the target moves with the pixels (a detection sample's boxes): image augmentation is given the target too
+    targets_move = False
 
     def __len__(self) -> int:
         raise NotImplementedError

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 SOURCE_TASK = {
-    "chat": "lm",  # chat SFT: next-token targets on the assistant's turns
+    "chat": "lm",
+    "coco": "detection",  # chat SFT: next-token targets on the assistant's turns
     "csv": "classification",
     "custom": None,  # the user's factory (data.target) decides
     "digits": "classification",
@@ -17,7 +18,9 @@ SOURCE_TASK = {
     "synthetic_text": "classification",  # data.args.task: lm
     "textfile": "lm",
     "torchvision": "classification",
+    "voc": "detection",
     "webdataset": "classification",
+    "yolo": "detection",
 }
 
 

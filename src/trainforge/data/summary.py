@@ -36,7 +36,9 @@ def summarize(report: Mapping[str, Any]) -> DataSummary:
     """The console line, the warnings and the --json counts for one data report."""
     read = int(report.get("rows_read", 0))
     kept = int(report.get("rows_kept", 0))
-    dropped = {reason: int(n) for reason, n in report.get("dropped", {}).items()}
+    per_box = set(report.get("box_reasons") or ())  # detection data: these reasons count boxes, not images
+    dropped = {reason: int(n) for reason, n in report.get("dropped", {}).items() if reason not in per_box}
+    box_drops = {reason: int(n) for reason, n in report.get("dropped", {}).items() if reason in per_box}
     total = sum(dropped.values())
     splits = {name: int(n) for name, n in report.get("splits", {}).items()}
     warnings = tuple(w for w in (_drop_warning(report, read, dropped), *_class_warnings(report)) if w)
@@ -55,8 +57,29 @@ def summarize(report: Mapping[str, Any]) -> DataSummary:
     notes = (manifest_line(manifest),) if isinstance(manifest, Mapping) else ()
     if notes:
         counts["manifest"] = {k: manifest.get(k) for k in ("status", "files", "new", "changed", "removed", "read")}
-    return DataSummary(line=_line(read, kept, dropped, splits) + _chat(chat), warnings=warnings, counts=counts,
-                       notes=notes)
+    line = _line(read, kept, dropped, splits) + _chat(chat)
+    if per_box:
+        counts["dropped_boxes"] = box_drops
+        line = _boxes_line(line, report, box_drops)
+    return DataSummary(line=line, warnings=warnings, counts=counts, notes=notes)
+
+
+def _boxes_line(line: str, report: Mapping[str, Any], box_drops: Mapping[str, int]) -> str:
+    """Detection data: the rows are images; what cleaning did to their boxes follows them."""
+    line = line.replace(" rows read,", " images read,", 1)
+    boxes = report.get("boxes") or {}
+    clipped = box_drops.get("out_of_bounds", 0)
+    gone = {k: n for k, n in box_drops.items() if k != "out_of_bounds"}
+    text = f"; boxes {int(boxes.get('read', 0)):,} read, {int(boxes.get('kept', 0)):,} kept"
+    if clipped:
+        text += f", {clipped:,} clipped to their image (out_of_bounds)"
+    if sum(gone.values()):
+        text += f", dropped {sum(gone.values()):,} ({_reasons(gone)})"
+    negatives = int(report.get("negatives", 0))
+    if negatives:
+        text += f"; {negatives:,} images without boxes kept as negatives"
+    head, sep, splits = line.partition("; splits ")
+    return head + text + sep + splits
 
 
 def manifest_line(m: Mapping[str, Any]) -> str:

@@ -89,36 +89,37 @@ def torchvision_resnet(arch: str, in_channels: int, num_classes: int, weights: O
     return model
 
 
-def pretrained_state(arch: str, weights: str) -> dict[str, torch.Tensor]:
-    """The state dict `weights` names: a file, or one of torchvision's weight sets (DEFAULT, IMAGENET1K_V1...)."""
+def pretrained_state(arch: str, weights: str, key: str = "model.args.weights") -> dict[str, torch.Tensor]:
+    """The state dict `weights` names: a file, or one of torchvision's weight sets (DEFAULT, IMAGENET1K_V1...);
+    `key`: the setting that named it, in messages."""
     path = Path(weights).expanduser()
     if path.suffix in (".pth", ".pt", ".bin", ".safetensors") or path.exists():
-        path = local_path(weights, "model.args.weights")  # a job re-checks it against the server's data roots
+        path = local_path(weights, key)  # a job re-checks it against the server's data roots
         if not path.is_file():
-            raise UserError(f"model.args.weights: {path} is not a file; point it at a state dict of {arch} "
+            raise UserError(f"{key}: {path} is not a file; point it at a state dict of {arch} "
                             "or name torchvision weights (DEFAULT, IMAGENET1K_V1, ...)")
         try:
             state = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu",
                                                                                             weights_only=True)
         except Exception as e:  # noqa: BLE001 - unpickling and zip errors share no narrower base
-            raise UserError(f"model.args.weights: {path} is not a readable state dict ({type(e).__name__})") from None
+            raise UserError(f"{key}: {path} is not a readable state dict ({type(e).__name__})") from None
         return state.get("state_dict", state) if isinstance(state, dict) else {}
     import torchvision  # heavy (about 1.8 s): only torchvision's own weight sets need it
 
     enum = torchvision.models.get_model_weights(arch)
     names = [w.name for w in enum]
     if weights != "DEFAULT" and weights not in names:
-        raise UserError(f"model.args.weights: {weights!r} is not a weight set of {arch}; choose DEFAULT, "
+        raise UserError(f"{key}: {weights!r} is not a weight set of {arch}; choose DEFAULT, "
                         f"{', '.join(names)} or a path to a state dict")
     chosen = enum.DEFAULT if weights == "DEFAULT" else enum[weights]
     try:
         return chosen.get_state_dict(progress=False, check_hash=True)
     except (OSError, RuntimeError) as e:  # no network: URLError is an OSError
         cache = Path(torch.hub.get_dir()) / "checkpoints"
-        raise UserError(f"model.args.weights: torchvision's {arch} {chosen.name} weights are not in {cache} and "
+        raise UserError(f"{key}: torchvision's {arch} {chosen.name} weights are not in {cache} and "
                         f"could not be downloaded ({str(e).strip().splitlines()[0][:100] or type(e).__name__}); "
                         f"copy {chosen.url.rsplit('/', 1)[-1]} there from a machine with network, or point "
-                        "model.args.weights at the file") from None
+                        f"{key} at the file") from None
 
 
 def load_pretrained(model: nn.Module, state: dict[str, torch.Tensor], in_channels: int) -> None:

@@ -46,6 +46,7 @@ from trainforge.planning.result import Candidate, Plan, Recommendation, StepSimu
 from trainforge.planning.roofline import (Efficiency, StepTime, default_efficiency, dequantize_time_s, run_totals,
                                           step_time)
 from trainforge.planning.simulate import Simulation, simulate_step
+from trainforge.tasks import task_of
 from trainforge.engine.microbatch import batch_geometry
 from trainforge.engine.optim import freeze
 from trainforge.engine.precision import resolve_precision
@@ -73,6 +74,10 @@ class Planner:
             info, model = pre.data.info, pre.facts.model
             steps = steps if steps is not None else run_steps(cfg.train, pre.facts.train_samples)
         assert steps is not None, "a planner given the data's facts is given the run's steps too"
+        task = task_of(info)
+        if task.simulation_refusal is not None:
+            raise UserError(f"plan: {task.title} steps are not simulated yet: {task.simulation_refusal}; train with a "
+                            "fixed train.micro_batch_size on one GPU of the kind to learn its memory")
         self.cfg, self.info, self.steps = cfg, info, steps
         kind = quantize or quantize_kind(cfg)
         self.method = "full" if cfg.model.lora is None else ("lora" if kind == "none" else "qlora")

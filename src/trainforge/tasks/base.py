@@ -63,6 +63,11 @@ class Task:
     def predict_refusal(self) -> Optional[str]:  # a subclass may set a class attribute instead
         """None when `trainforge predict` serves this task's exported models (it defines `predictions`), else why not."""
         return None if type(self).predictions is not Task.predictions else "its task defines no predictions"
+    # None when compress exports this task's models to ONNX, else why not (one line, said before anything is loaded)
+    export_refusal: Optional[str] = None
+    # None when the planner simulates this task's training step on fake tensors, else why it cannot (`plan` says it
+    # in one line; `micro_batch_size: auto` takes the whole per-process batch and leaves the rest to OOM recovery)
+    simulation_refusal: Optional[str] = None
     ordered_splits: bool = False
     token_augmentation: bool = False
     quality: tuple[str, str, str] = ("loss", "loss", "test loss")

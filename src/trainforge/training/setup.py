@@ -37,6 +37,7 @@ from trainforge.planning.memory import sim_key
 from trainforge.planning.plan import Planner
 from trainforge.engine.microbatch import batch_geometry, largest_divisor_at_most, per_rank_batch, shrink_micro_batch
 from trainforge.engine.precision import resolve_precision
+from trainforge.tasks import task_of
 from trainforge.engine.preflight import DataFacts  # noqa: F401  (the resolver's input, built by the pre-flight)
 
 
@@ -151,7 +152,12 @@ def resolve(
     total_steps = run_steps(tc, facts.train_samples)
     micro, why = _micro_batch(tc.micro_batch_size, per_rank, env.world_size, checkpoint, oom)
     peak = None
-    if micro is None or predict:  # the planner: auto, or a prediction at the size fixed above
+    refusal = task_of(facts.info).simulation_refusal
+    if refusal is not None and micro is None:  # a step the planner cannot simulate: the batch, and OOM recovery
+        micro = per_rank
+        why = (f"train.micro_batch_size auto: {micro}, the whole per-process batch (not simulated: {refusal}); "
+               "out-of-memory recovery halves it where it does not fit")
+    elif refusal is None and (micro is None or predict):  # the planner: auto, or a prediction at the size fixed above
         key = sim_key(strategy, env.world_size, cfg.train.activation_checkpointing, precision)
         budget = budget or device_budget(tc.memory_budget_bytes, device)
         terms = memory_terms(device.type, env.world_size, facts.convolutional, budget)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from trainforge.data.sources import (  # noqa: F401  (imported to register)
     chat,
+    coco,
     custom,
     digits,
     hf_datasets,
@@ -12,7 +13,9 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     tabular,
     textfile,
     torchvision_datasets,
+    voc,
     webdataset,
+    yolo,
 )
 from trainforge.data.sources.common import SOURCES
 

@@ -61,24 +61,37 @@ class Augment:
         import torchvision.transforms.v2.functional  # noqa: F401
 
     def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        return self.geometric([x], g)[0]
+
+    def geometric(self, items: list, g: torch.Generator) -> list:
+        """The ops on the image `items[0]` and, moved with its pixels, the tv_tensors after it (BoundingBoxes,
+        Mask): each op's parameters are drawn once, from `g`; colour jitter changes the image only."""
         import torchvision.transforms.v2.functional as TF  # loaded by __post_init__: a lookup here
 
         cfg = self.cfg
         lo, hi = self.value_range
-        height, width = x.shape[-2:]
+        height, width = items[0].shape[-2:]
+
+        def each(op, **kwargs):  # an image is filled with its lowest value; boxes and masks with zeros
+            return [op(v, **kwargs) for v in items]
+
         if cfg.rotation_deg > 0:
             angle = _uniform(g, -cfg.rotation_deg, cfg.rotation_deg)
-            x = TF.rotate(x, angle, interpolation=TF.InterpolationMode.BILINEAR, fill=[lo] * self.channels)
+            items = [TF.rotate(v, angle, interpolation=TF.InterpolationMode.BILINEAR if i == 0 else
+                               TF.InterpolationMode.NEAREST, fill=[lo] * self.channels if i == 0 else 0)
+                     for i, v in enumerate(items)]
         if cfg.crop_scale is not None:
             top, left, h, w = crop_box(height, width, cfg.crop_scale, g)
-            x = TF.resized_crop(x, top, left, h, w, [height, width], antialias=True)
+            items = [TF.resized_crop(v, top, left, h, w, [height, width], antialias=True) if i == 0 else
+                     TF.resized_crop(v, top, left, h, w, [height, width],
+                                     interpolation=TF.InterpolationMode.NEAREST) for i, v in enumerate(items)]
         if cfg.hflip > 0 and _uniform(g, 0, 1) < cfg.hflip:
-            x = TF.hflip(x)
+            items = each(TF.hflip)
         if cfg.vflip > 0 and _uniform(g, 0, 1) < cfg.vflip:
-            x = TF.vflip(x)
+            items = each(TF.vflip)
         if cfg.color_jitter > 0:
-            x = self._jitter(x, g, lo, hi)
-        return x
+            items = [self._jitter(items[0], g, lo, hi), *items[1:]]
+        return items
 
     def _jitter(self, x: torch.Tensor, g: torch.Generator, lo: float, hi: float) -> torch.Tensor:
         import torchvision.transforms.v2.functional as TF  # loaded by __post_init__: a lookup here
@@ -93,6 +106,33 @@ class Augment:
         if self.channels == 3:
             x = TF.adjust_saturation(x, _uniform(g, 1 - s, 1 + s))
         return x * span + lo
+
+
+MIN_BOX_SIDE = 1.0  # pixels: a box an augmentation squeezes below this (cut off by a crop, out of view) is dropped
+
+
+@dataclass(frozen=True)
+class BoxAugment:
+    """The image ops on (image, {"boxes": xyxy pixels, "labels", ...}) samples (detection): the boxes move with the
+    pixels (torchvision.transforms.v2 on tv_tensors.BoundingBoxes), are clipped to the image, and a box left
+    narrower than MIN_BOX_SIDE is dropped with its label (what torchvision's SanitizeBoundingBoxes does). The
+    dataset calls it with the target: `takes_target`."""
+
+    image: Augment
+    takes_target = True
+
+    def __call__(self, x: torch.Tensor, target: dict, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+        from torchvision import tv_tensors
+        import torchvision.transforms.v2.functional as TF
+
+        boxes = tv_tensors.BoundingBoxes(target["boxes"], format="XYXY", canvas_size=tuple(x.shape[-2:]))
+        x, boxes = self.image.geometric([x, boxes], g)
+        boxes = TF.clamp_bounding_boxes(boxes).as_subclass(torch.Tensor)
+        keep = ((boxes[:, 2] - boxes[:, 0]) >= MIN_BOX_SIDE) & ((boxes[:, 3] - boxes[:, 1]) >= MIN_BOX_SIDE)
+        moved = {k: (v[keep] if isinstance(v, torch.Tensor) and len(v) == len(keep) else v)
+                 for k, v in target.items()}
+        moved["boxes"] = boxes[keep]
+        return x, moved
 
 
 @dataclass(frozen=True)

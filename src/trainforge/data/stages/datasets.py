@@ -71,7 +71,11 @@ class TrainDataset(Dataset):
         epoch, index = key if isinstance(key, tuple) else (None, key)
         x, y = read_or_replace(self.samples, self.indices, index)
         if self.augment is not None and epoch is not None:
-            x = self.augment(x, generator_for("augment", self.seed, int(epoch), int(index)))
+            g = generator_for("augment", self.seed, int(epoch), int(index))
+            if getattr(self.augment, "takes_target", False):  # the target moves with the pixels (boxes, masks)
+                x, y = self.augment(x, y, g)
+            else:
+                x = self.augment(x, g)
         if self.normalize is not None:
             x = self.normalize(x)
         return x, y

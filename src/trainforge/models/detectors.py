@@ -1,0 +1,186 @@
+"""`detector`: torchvision's object detectors (issue 28), built by torchvision's own builders, trained with the losses
+they compute themselves.
+
+    model: {name: detector, args: {arch: fasterrcnn_mobilenet_v3_large_fpn}}                 # COCO weights (offline-first)
+    model: {name: detector, args: {arch: retinanet_resnet50_fpn, pretrained: false}}         # no weights at all
+    model: {name: detector, args: {arch: fasterrcnn_resnet50_fpn, backbone: resnet18,
+                                   anchor_sizes: [8, 16, 32, 64, 128], pretrained: false}}  # a small one
+
+arch: a torchvision detection builder (ARCHS). pretrained (true): its COCO weights (or a state dict file of the arch,
+or a weight set's name), the class head new and sized to the data's classes (every tensor of another shape is left as built, the rest loaded); they are read from torch's
+hub cache and downloaded only when missing there, a missing file without network is one line naming where to copy
+it. backbone_weights (false): ImageNet weights for the backbone alone (with pretrained false).
+backbone: another torchvision ResNet under the FPN (resnet18, resnet34, resnet50, resnet101) for Faster R-CNN,
+RetinaNet and FCOS: small and fast where a few classes of simple objects need no ResNet-50.
+anchor_sizes: one anchor size in pixels per feature level (Faster R-CNN, RetinaNet), for objects much smaller or
+larger than COCO's at 800 pixels. options: torchvision's own keyword arguments of the model (e.g. Faster R-CNN's
+rpn_post_nms_top_n_train, box_batch_size_per_image, box_detections_per_img), passed as they are. The model's own transform resizes nothing (min_size = max_size = the data's image
+size) and normalizes with ImageNet's statistics, as the weights expect; the data's images come in [0, 1]
+(recipes set data.normalize: none).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from trainforge.data.base import DataInfo
+from trainforge.errors import UserError
+from trainforge.models import args as check
+from trainforge.models.base import InputSpec, materializing
+from trainforge.models.resnet import pretrained_state
+from trainforge.models.zoo import DataFit, input_spec, register_model
+
+ARCHS = ("fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn",
+         "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn",
+         "ssdlite320_mobilenet_v3_large", "ssd300_vgg16")
+FAMILIES = ("fasterrcnn", "retinanet", "fcos", "ssdlite", "ssd")  # ssdlite before ssd: the first prefix that fits
+BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101")
+RATIOS = (0.5, 1.0, 2.0)  # anchor aspect ratios of every level (torchvision's)
+OWN_KEYS = {"weights", "weights_backbone", "num_classes", "min_size", "max_size", "size"}
+DETECTION = DataFit("object detection (task detection: C,H,W images with boxes)",
+                    lambda info: info.input_dtype == "float32" and len(info.input_shape) == 3, ("detection",))
+
+
+@register_model("detector", fits=DETECTION)
+def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fpn", pretrained: Any = True,
+                   backbone_weights: bool = False, backbone: Optional[str] = None,
+                   anchor_sizes: Optional[list[int]] = None, trainable_backbone_layers: Optional[int] = None,
+                   options: Optional[dict[str, Any]] = None) -> tuple[nn.Module, InputSpec]:
+    arch = check.choice("arch", arch, list(ARCHS))
+    if not isinstance(pretrained, (bool, str)):
+        raise UserError(f"model.args.pretrained: true (torchvision's COCO weights), false, or a state dict file or "
+                        f"weight set name, got {pretrained!r}")
+    family = next(f for f in FAMILIES if arch.startswith(f))
+    if info.input_shape[0] != 3:
+        raise UserError(f"model.name: detector takes RGB images (3 channels), the data has {info.input_shape[0]}; "
+                        "read the images as RGB")
+    if pretrained and backbone is not None:
+        raise UserError(f"model.args.backbone: {arch}'s COCO weights are for its own backbone; set "
+                        "model.args.pretrained: false to train a detector with another one")
+    if pretrained and backbone_weights:
+        raise UserError("model.args.backbone_weights: the COCO weights include the backbone's; set pretrained: false "
+                        "to start from ImageNet backbone weights alone")
+    height, width = (int(v) for v in info.input_shape[-2:])
+    kwargs: dict[str, Any] = {"num_classes": info.num_classes, "weights": None}
+    if family in ("fasterrcnn", "retinanet", "fcos"):  # their transform resizes nothing: the data has the size
+        # (SSD300 and SSDlite320 resize to their fixed size inside, whatever the data's)
+        kwargs.update(min_size=min(height, width), max_size=max(height, width))
+    if trainable_backbone_layers is not None:
+        if not isinstance(trainable_backbone_layers, int) or not 0 <= trainable_backbone_layers <= 6:
+            raise UserError(f"model.args.trainable_backbone_layers: 0 to 6 (0 freezes the backbone), got "
+                            f"{trainable_backbone_layers!r}")
+        kwargs["trainable_backbone_layers"] = trainable_backbone_layers
+    if anchor_sizes is not None:
+        if family not in ("fasterrcnn", "retinanet"):
+            raise UserError(f"model.args.anchor_sizes: only for Faster R-CNN and RetinaNet, not {arch}")
+        kwargs.update(_anchors(family, anchor_sizes, backbone or arch))
+    if options:
+        if not isinstance(options, dict):
+            raise UserError(f"model.args.options: a mapping of torchvision's keyword arguments of {arch}, got "
+                            f"{options!r}")
+        taken = sorted(set(options) & (set(kwargs) | OWN_KEYS))
+        if taken:
+            raise UserError(f"model.args.options: {', '.join(taken)} set by trainforge or by model.args; remove them "
+                            "from options")
+        accepted = option_names(family)
+        unknown = sorted(set(options) - accepted)
+        if unknown:  # torchvision passes unknown keywords on, and its transform ignores them: say so here
+            raise UserError(f"model.args.options: {arch} does not take one of {unknown}; it takes "
+                            f"{', '.join(sorted(accepted - OWN_KEYS))}")
+        kwargs.update(options)
+    weights_backbone = "DEFAULT" if backbone_weights else None
+    try:
+        model = _build(arch, family, backbone, weights_backbone, kwargs)
+    except TypeError as e:  # an option the builder does not take
+        raise UserError(f"model.args.options: {arch} does not take one of {sorted(options or {})} ({e}); see "
+                        "torchvision's documentation of its detection models") from None
+    if pretrained is not False and materializing():  # true: torchvision's COCO weights; a string: a file or a set
+        key = "model.args.pretrained"
+        load_matching(model, pretrained_state(arch, "DEFAULT" if pretrained is True else str(pretrained), key), arch)
+    return model, input_spec(info)
+
+
+def option_names(family: str) -> set[str]:
+    """The keyword arguments a family's model class and its image transform take (what `options` may set)."""
+    import inspect
+
+    from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+    from torchvision.models.detection.ssd import SSD
+    from torchvision.models.detection.transform import GeneralizedRCNNTransform
+
+    cls = {"fasterrcnn": FasterRCNN, "retinanet": RetinaNet, "fcos": FCOS, "ssdlite": SSD, "ssd": SSD}[family]
+    names = set()
+    for fn in (cls.__init__, GeneralizedRCNNTransform.__init__):
+        names |= {p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"}
+    return names - {"backbone", "anchor_generator", "rpn_anchor_generator"} | {"trainable_backbone_layers"}
+
+
+def _build(arch: str, family: str, backbone: Optional[str], weights_backbone: Optional[str],
+           kwargs: dict[str, Any]) -> nn.Module:
+    import torchvision
+
+    if backbone is not None:
+        model = _with_backbone(arch, family, check.choice("backbone", backbone, list(BACKBONES)), weights_backbone,
+                               kwargs)
+    else:
+        kwargs["weights_backbone"] = None
+        model = torchvision.models.get_model(arch, **kwargs)
+        if weights_backbone is not None and materializing():
+            _load_backbone(model, arch)
+    return model
+
+
+def _anchors(family: str, sizes: list[int], what: str) -> dict[str, Any]:
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+
+    levels = 5  # an FPN's levels: P2-P6 (Faster R-CNN) or P3-P7 (RetinaNet); mobilenet's Faster R-CNN has 3
+    if "mobilenet" in what:
+        levels = 3
+    if len(sizes) != levels or not all(isinstance(s, int) and s > 0 for s in sizes):
+        raise UserError(f"model.args.anchor_sizes: {what} has {levels} feature levels: give {levels} positive "
+                        f"pixel sizes, got {sizes!r}")
+    generator = AnchorGenerator(tuple((s,) for s in sizes), (RATIOS,) * levels)
+    return {"rpn_anchor_generator" if family == "fasterrcnn" else "anchor_generator": generator}
+
+
+def _with_backbone(arch: str, family: str, backbone: str, weights: Optional[str], kwargs: dict[str, Any]) -> nn.Module:
+    from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+
+    if family not in ("fasterrcnn", "retinanet", "fcos") or "mobilenet" in arch:
+        raise UserError(f"model.args.backbone: only Faster R-CNN, RetinaNet and FCOS (resnet50 FPN) take another "
+                        f"backbone, not {arch}")
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("weights",)}
+    layers = kwargs.pop("trainable_backbone_layers", 5 if weights is None else 3)
+    num_classes = kwargs.pop("num_classes")
+    if family == "fasterrcnn":
+        body = resnet_fpn_backbone(backbone_name=backbone, weights=weights, trainable_layers=layers)
+        return FasterRCNN(body, num_classes=num_classes, **kwargs)
+    extra = LastLevelP6P7(256, 256)
+    body = resnet_fpn_backbone(backbone_name=backbone, weights=weights, trainable_layers=layers,
+                               returned_layers=[2, 3, 4], extra_blocks=extra)
+    return (RetinaNet if family == "retinanet" else FCOS)(body, num_classes=num_classes, **kwargs)
+
+
+def _load_backbone(model: nn.Module, arch: str) -> None:
+    """ImageNet weights into the detector's backbone body (a torchvision ResNet-50 or MobileNetV3)."""
+    name = "mobilenet_v3_large" if "mobilenet" in arch else "vgg16" if "vgg" in arch else "resnet50"
+    state = pretrained_state(name, "DEFAULT")
+    body = model.backbone.body if hasattr(model.backbone, "body") else model.backbone
+    load_matching(body, state, name, quiet=True)
+
+
+def load_matching(model: nn.Module, state: dict[str, torch.Tensor], what: str, quiet: bool = False) -> int:
+    """Load every tensor of `state` whose name and shape match the model's (the class heads sized to other data
+    are left as built); a state that fits less than half of the model is one line. Returns how many were loaded."""
+    own = model.state_dict()
+    fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    if len(fitting) < len(own) / 2 and not quiet:
+        raise UserError(f"model.args.pretrained: the weights of {what} fit {len(fitting)} of the model's "
+                        f"{len(own)} tensors; use the weights of the same arch")
+    model.load_state_dict(fitting, strict=False)
+    return len(fitting)

@@ -1,0 +1,90 @@
+"""`model.name: detector` (issue 28): every torchvision detector builds for the data's classes, trains one step through
+the detection task (its own loss dict) and detects in eval mode; torchvision-format weights load from a file with the
+class head left new; wrong arguments are one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+
+from trainforge.config import ModelConfig
+from trainforge.data.base import DataInfo
+from trainforge.errors import UserError
+from trainforge.models import build_model
+from trainforge.models.detectors import ARCHS
+from trainforge.tasks import task_of
+
+INFO = DataInfo("detection", "image", (3, 64, 64), "float32", 3, ("__background__", "box", "disc"))
+
+
+def batch(n: int = 2):
+    images = torch.rand(n, 3, 64, 64)
+    targets = [{"boxes": torch.tensor([[4.0, 6.0, 30.0, 40.0], [33.0, 20.0, 60.0, 50.0]]),
+                "labels": torch.tensor([1, 2])} for _ in range(n)]
+    return images, targets
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_detector_trains_a_step_through_the_task_and_detects(arch):
+    torch.manual_seed(0)
+    model, spec = build_model(ModelConfig(name="detector", args={"arch": arch, "pretrained": False}), INFO)
+    assert spec.shape == (3, 64, 64)
+    task = task_of(INFO)
+    model.train()
+    losses = task.forward(model, batch())
+    assert isinstance(losses, dict) and losses and all(v.dim() == 0 for v in losses.values())
+    loss = task.training_loss(losses, batch())
+    assert torch.isfinite(loss)
+    loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    model.eval()
+    with torch.no_grad():
+        found = task.forward(model, batch(1))
+    assert set(found[0]) >= {"boxes", "scores", "labels"} and found[0]["boxes"].shape[-1] == 4
+    assert all(0 < int(label) < INFO.num_classes for label in found[0]["labels"])  # the head is sized to the data's classes
+
+
+def test_torchvision_weights_load_from_a_file_and_the_class_head_stays_new(tmp_path):
+    arch = "fasterrcnn_mobilenet_v3_large_320_fpn"
+    torch.manual_seed(1)
+    coco = torchvision.models.get_model(arch, weights=None, weights_backbone=None)  # COCO's 91 classes
+    torch.save(coco.state_dict(), tmp_path / "coco.pth")
+    model, _ = build_model(ModelConfig(name="detector", args={"arch": arch, "pretrained": str(tmp_path / "coco.pth")}),
+                           INFO)
+    own, saved = model.state_dict(), coco.state_dict()
+    body = [k for k in saved if not k.startswith("roi_heads.box_predictor")]
+    assert all(torch.equal(own[k], saved[k]) for k in body)
+    assert own["roi_heads.box_predictor.cls_score.weight"].shape[0] == 3  # background, box, disc
+    assert saved["roi_heads.box_predictor.cls_score.weight"].shape[0] == 91
+
+
+def test_a_small_detector_with_another_backbone_and_anchors():
+    args = {"arch": "fasterrcnn_resnet50_fpn", "backbone": "resnet18", "pretrained": False,
+            "anchor_sizes": [8, 16, 32, 64, 128], "options": {"box_batch_size_per_image": 64}}
+    model, _ = build_model(ModelConfig(name="detector", args=args), INFO)
+    assert sum(p.numel() for p in model.backbone.body.parameters()) < 12e6  # a ResNet-18 body
+    assert model.rpn.anchor_generator.sizes == ((8,), (16,), (32,), (64,), (128,))
+    assert model.roi_heads.fg_bg_sampler.batch_size_per_image == 64
+    assert model.transform.min_size == (64,) and model.transform.max_size == 64  # the data's size: no resize
+
+
+BAD = [({"arch": "yolo"}, r"model.args.arch: expected one of fasterrcnn_mobilenet_v3_large_fpn"),
+       ({"arch": "fasterrcnn_resnet50_fpn", "backbone": "resnet18"}, r"model.args.backbone: .* set model.args."
+                                                                     r"pretrained: false"),
+       ({"pretrained": False, "anchor_sizes": [8, 16]}, r"model.args.anchor_sizes: .* has 3 feature levels"),
+       ({"pretrained": False, "options": {"no_such": 1}}, r"model.args.options: .* does not take one of \['no_such'\]"),
+       ({"pretrained": False, "options": {"num_classes": 5}}, r"model.args.options: num_classes set by trainforge"),
+       ({"pretrained": 3}, r"model.args.pretrained: true"),
+       ({"pretrained": "/no/such/weights.pth"}, r"model.args.pretrained: .*weights.pth")]
+
+
+@pytest.mark.parametrize("args, message", BAD)
+def test_wrong_arguments_are_one_line(args, message):
+    with pytest.raises(UserError, match=message):
+        build_model(ModelConfig(name="detector", args=args), INFO)
+
+
+def test_a_detector_needs_detection_data():
+    classes = DataInfo("classification", "image", (3, 64, 64), "float32", 3)
+    with pytest.raises(UserError, match=r"model.name: detector needs object detection"):
+        build_model(ModelConfig(name="detector", args={"pretrained": False}), classes)
