@@ -154,6 +154,13 @@ def train(
     out.print(table)
 
 
+def _cell(value: object) -> str:
+    """A per-class table's cell: a score to 3 decimals, a count as it is, nothing for a metric without a value."""
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
 def _shown(value: object) -> str:
     """Text from the data or a path (a class name is a folder name) as table text: no markup, no control characters."""
     return escape(printable(str(value)))
@@ -168,7 +175,7 @@ def eval_cmd(
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of the model files against "
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),
 ) -> None:
-    """Evaluate a checkpoint: accuracy, macro-F1, per-class report and confusion matrix (or perplexity)."""
+    """Evaluate a checkpoint: its task's metrics (accuracy and macro-F1, perplexity, COCO mAP), per class, and a confusion matrix."""
     existing_run(checkpoint)
     from trainforge.training.evaluate import evaluate_checkpoint  # heavy (torch): the CLI starts fast without it
 
@@ -179,18 +186,19 @@ def eval_cmd(
     table = Table(title=f"{split} split of {_shown(result['checkpoint'])} (step {result['step']})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for k in ("loss", "accuracy", "macro_f1", "perplexity", "num_samples"):
-        if k in result:
-            v = result[k]
+    for k, v in result.items():  # the task's metrics, as evaluation reported them (None: COCO's "no such objects")
+        if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
             table.add_row(k, f"{v:.4f}" if isinstance(v, float) else str(v))
     out.print(table)
-    if "per_class" in result:
+    if result.get("per_class"):
+        columns = list(next(iter(result["per_class"].values())))  # precision, recall, f1, support; or ap
         pc = Table(title="per class")
-        for col in ("class", "precision", "recall", "f1", "support"):
+        for col in ("class", *columns):
             pc.add_column(col, justify="right")
         for name, m in result["per_class"].items():
-            pc.add_row(_shown(name), f"{m['precision']:.3f}", f"{m['recall']:.3f}", f"{m['f1']:.3f}", str(m["support"]))
+            pc.add_row(_shown(name), *(_cell(m.get(col)) for col in columns))
         out.print(pc)
+    if "confusion_matrix" in result:
         cm = Table(title="confusion matrix (rows: true, columns: predicted)")
         cm.add_column("")
         for name in result["class_names"]:

@@ -112,7 +112,10 @@ def coco_metrics(predictions: list[dict[str, "torch.Tensor"]], targets: list[dic
 
     from torchmetrics.detection import MeanAveragePrecision
 
-    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools", class_metrics=per_class)
+    # sync_on_compute off: evaluation runs on rank 0 alone (every pass's detections are here); torchmetrics' default
+    # would wait for the other ranks of an initialized process group to gather theirs, forever
+    metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools", class_metrics=per_class,
+                                  sync_on_compute=False)
     with warnings.catch_warnings():  # "encountered more than 100 detections": COCO's max_dets, as intended
         warnings.simplefilter("ignore")
         metric.update(predictions, targets)

@@ -1,0 +1,105 @@
+"""Detection end to end (issue 28): a small torchvision Faster R-CNN learns generated shapes from COCO, YOLO and VOC
+folders alike; `trainforge eval` gives the run's numbers again; a detector's run SIGKILLed mid-epoch resumes
+bit-identical; two processes match one at twice the micro-batch."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import trainforge
+from test_crash_resume import assert_bit_identical, kill_and_resume, launch
+from trainforge.cli import main
+from trainforge.metrics_file import read_metrics
+from vision_data import write_shapes
+
+# a Faster R-CNN on a ResNet-18 FPN, anchors for 64-pixel images, fewer proposals than COCO's (three shapes an image)
+SMALL = ("model.args={arch: fasterrcnn_resnet50_fpn, backbone: resnet18, pretrained: false, "
+         "anchor_sizes: [8, 16, 32, 64, 128], options: {rpn_pre_nms_top_n_train: 300, rpn_post_nms_top_n_train: 100, "
+         "rpn_pre_nms_top_n_test: 300, rpn_post_nms_top_n_test: 50, box_batch_size_per_image: 32}}")
+# RetinaNet on the same backbone: no sampling of anchors or proposals, each image's loss averaged over the batch
+RETINA = ("model.args={arch: retinanet_resnet50_fpn, backbone: resnet18, pretrained: false, "
+          "anchor_sizes: [8, 16, 32, 64, 128]}")
+TRAIN = ["optim.name=adamw", "optim.lr=0.002", "optim.weight_decay=0", "schedule={name: cosine, warmup_steps: 5}",
+         "data.augment={}", "train.early_stopping=null", "log.progress=false", "log.tensorboard=false"]
+
+
+@pytest.fixture(scope="module")
+def shapes(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("shapes")
+    write_shapes(root, n=240, side=64, seed=0)
+    return root
+
+
+def overrides(root: Path, fmt: str, *extra: str, model: str = SMALL) -> list[str]:
+    return [f"data.source={fmt}", f"data.path={root / fmt}", "data.args.image_size=64", model, *TRAIN, *extra]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["coco", "yolo", "voc"])
+def test_a_small_detector_learns_the_shapes_from_each_format(fmt, shapes, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = trainforge.load_config("coco_detection_finetune", overrides(
+        shapes, fmt, "train.max_steps=80", "train.eval_every_steps=40", "train.global_batch_size=8",
+        "train.micro_batch_size=auto", "log.report=true"))
+    assert trainforge.train(cfg, run_dir=run).status == "completed"
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["map_50"] >= 0.5, ev  # untrained, it is 0: 80 steps of 8 images find the boxes and tell their shape
+    assert set(ev["per_class"]) == {"box", "disc"} and "loss" not in ev
+    ran = json.loads((run / "final" / "model.json").read_text())["ran"]
+    assert ran["micro_batch_size"] == 8 and "not simulated" in ran["reasons"]["micro_batch_size"]
+    val = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "val"]
+    assert [r["step"] for r in val] == [40, 80] and all("map" in r and "loss" not in r for r in val)
+    assert "map_50" in (run / "report.html").read_text()
+    if fmt == "coco":  # the command line's eval gives the run's numbers again
+        with pytest.raises(SystemExit) as code:
+            main(["eval", str(run), "--json"])
+        assert code.value.code in (0, None)
+        again = json.loads(capsys.readouterr().out)
+        assert {k: again[k] for k in ("map", "map_50", "map_75")} == {k: ev[k] for k in ("map", "map_50", "map_75")}
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_detector_run_sigkilled_mid_epoch_resumes_bit_identical(shapes, tmp_path):
+    """Faster R-CNN samples its anchors and proposals from torch's global generator: a resume restores it exactly."""
+    args = overrides(shapes, "coco", "data.args.image_size=48", "train.max_steps=24", "train.eval_every_steps=12",
+                     "train.checkpoint_every_steps=5", "train.log_every_steps=1", "train.global_batch_size=4",
+                     "train.micro_batch_size=2",
+                     "train.device=cpu", "data.augment={hflip: 0.5, crop_scale: [0.6, 1.0]}")
+    args = [a for a in args if a != "data.augment={}"]
+    reference = tmp_path / "reference"
+    assert trainforge.train(trainforge.load_config("coco_detection_finetune", args), run_dir=reference).status == \
+        "completed"
+    run = tmp_path / "killed"
+    made = kill_and_resume(lambda: launch(run, ["coco_detection_finetune", *args]), run, kills=2, seed=28,
+                           pause_s=0.5)
+    assert made >= 1
+    assert_bit_identical(reference, run)
+    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"] for d in (reference, run)]
+    assert losses[0] == losses[1] and len(losses[0]) == 24
+    assert json.loads((run / "eval.json").read_text()) == json.loads((reference / "eval.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_two_processes_on_a_detector_match_one_at_twice_the_micro_batch(shapes, tmp_path):
+    common = overrides(shapes, "coco", "data.args.image_size=48", "train.max_steps=6", "train.eval_every_steps=6",
+                       # SGD: Adam's update divides by the gradient's running size, which magnifies the last bits that
+                       # two processes' sums leave different in parameters whose gradients are tiny
+                       "train.log_every_steps=1", "optim={name: sgd, lr: 0.01, momentum: 0.9}",
+                       "train.global_batch_size=4", "train.device=cpu", model=RETINA)
+    one = tmp_path / "one"
+    assert trainforge.train(trainforge.load_config("coco_detection_finetune", [*common, "train.micro_batch_size=4"]),
+                            run_dir=one).status == "completed"
+    two = subprocess.run([sys.executable, "-m", "trainforge", "train", "coco_detection_finetune", *common,
+                          "train.micro_batch_size=2", "--run-dir", str(tmp_path / "two"), "--nproc-per-node", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]
+              for d in (one, tmp_path / "two")]
+    assert len(losses[0]) == len(losses[1]) == 6
+    assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5, losses
