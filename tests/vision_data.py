@@ -1,6 +1,6 @@
 """Generated detection data sets whose boxes are known exactly (issue 28): red rectangles ("box") and blue ellipses
 ("disc") on noise, each image written once as PNG and annotated three ways, as COCO JSON, YOLO txt and VOC XML,
-with the same integer pixel boxes.
+with the same integer pixel boxes; and the same kind of images with the label maps of their pixels (`write_masks`).
 
     truth = write_shapes(tmp_path, n=64, side=64, seed=0)     # tmp_path/coco, tmp_path/yolo, tmp_path/voc
     truth[i] == ("img_0003.png", [(x1, y1, x2, y2), ...], ["box", "disc", ...])
@@ -23,7 +23,15 @@ Truth = tuple[str, list[tuple[int, int, int, int]], list[str]]
 
 def shapes_image(rng: np.random.Generator, side: int, max_objects: int = 3) -> tuple[np.ndarray, list, list]:
     """One (side, side, 3) uint8 image and its boxes and class names: 1..max_objects shapes that do not overlap."""
+    image, boxes, names, _ = shapes_and_mask(rng, side, max_objects)
+    return image, boxes, names
+
+
+def shapes_and_mask(rng: np.random.Generator, side: int, max_objects: int = 3) -> tuple[np.ndarray, list, list,
+                                                                                        np.ndarray]:
+    """shapes_image's, and the (side, side) uint8 mask of its pixels' classes (0 background, 1 box, 2 disc)."""
     image = rng.integers(0, 80, (side, side, 3), dtype=np.uint8)
+    mask = np.zeros((side, side), dtype=np.uint8)
     boxes: list[tuple[int, int, int, int]] = []
     names: list[str] = []
     for _ in range(int(rng.integers(1, max_objects + 1))):
@@ -37,13 +45,15 @@ def shapes_image(rng: np.random.Generator, side: int, max_objects: int = 3) -> t
         name = CLASSES[int(rng.integers(0, 2))]
         if name == "box":
             image[y:y + h, x:x + w] = COLOURS[name]
+            mask[y:y + h, x:x + w] = 1
         else:
             yy, xx = np.mgrid[0:h, 0:w]
             inside = ((yy + 0.5 - h / 2) / (h / 2)) ** 2 + ((xx + 0.5 - w / 2) / (w / 2)) ** 2 <= 1
             image[y:y + h, x:x + w][inside] = COLOURS[name]
+            mask[y:y + h, x:x + w][inside] = 2
         boxes.append((x, y, x + w, y + h))
         names.append(name)
-    return image, boxes, names
+    return image, boxes, names, mask
 
 
 def write_shapes(root: Path, n: int = 64, side: int = 64, seed: int = 0,
@@ -103,3 +113,23 @@ def write_voc(folder: Path, images: list[np.ndarray], truth: list[Truth]) -> Non
 
 
 WRITERS = {"coco": write_coco, "yolo": write_yolo, "voc": write_voc}
+MASK_CLASSES = ("background", *CLASSES)
+
+
+def write_masks(root: Path, n: int = 64, side: int = 64, seed: int = 0, palette: bool = False) -> list[np.ndarray]:
+    """`n` images in root/images and their label maps in root/masks (the `masks` source): 0 background, 1 box,
+    2 disc (a palette PNG with `palette`, as VOC's, else grey). Returns the masks."""
+    rng = np.random.default_rng(seed)
+    (root / "images").mkdir(parents=True, exist_ok=True)
+    (root / "masks").mkdir(parents=True, exist_ok=True)
+    masks = []
+    for i in range(n):
+        image, _, _, mask = shapes_and_mask(rng, side)
+        Image.fromarray(image).save(root / "images" / f"img_{i:04d}.jpg", quality=95)
+        picture = Image.fromarray(mask, mode="L")
+        if palette:
+            picture = picture.convert("P")
+            picture.putpalette([0, 0, 0, 128, 0, 0, 0, 128, 0] + [0] * (256 * 3 - 9))
+        picture.save(root / "masks" / f"img_{i:04d}.png")
+        masks.append(mask)
+    return masks

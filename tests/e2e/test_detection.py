@@ -103,3 +103,26 @@ def test_two_processes_on_a_detector_match_one_at_twice_the_micro_batch(shapes, 
               for d in (one, tmp_path / "two")]
     assert len(losses[0]) == len(losses[1]) == 6
     assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5, losses
+
+
+def test_the_queue_reserves_a_detection_jobs_slot_whole(shapes):
+    """The planner cannot simulate a detector's step: the admission reserves the largest slot's memory for it (and
+    pins micro_batch_size auto to the per-process batch), where a simulated job reserves its predicted peak."""
+    from trainforge.jobs.admission import size_submission
+    from trainforge.jobs.slots import Slot
+
+    gib = 1 << 30
+    slots = [Slot("cpu0", "cpu", "cpu", 2 * gib, 2 * gib), Slot("cpu1", "cpu", "cpu", gib, gib)]
+    cfg = trainforge.load_config("coco_detection_finetune", overrides(shapes, "coco", "train.max_steps=8",
+                                                                      "train.global_batch_size=4"))
+    job = size_submission(cfg, 1, slots)
+    assert job.memory_bytes == 2 * gib and job.micro_batch_size == 4 and "micro_batch_size: 4" in job.config_yaml
+
+
+def test_mlflow_signature_of_a_detector_names_its_input_only():
+    from trainforge.tracking.mlflow_run import signature
+
+    sig = signature({"task": "detection", "input_shape": [3, 64, 64], "input_dtype": "float32", "num_classes": 3})
+    assert sig.inputs.inputs[0].shape == (-1, 3, 64, 64) and sig.outputs is None
+    seg = signature({"task": "segmentation", "input_shape": [3, 64, 64], "input_dtype": "float32", "num_classes": 3})
+    assert seg.outputs.inputs[0].shape == (-1, 3, 64, 64)

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
 from trainforge.cli import main, recipe_summary
 from trainforge.tasks import TASKS
-from vision_data import write_shapes
+from vision_data import MASK_CLASSES, write_masks, write_shapes
 
 COMMON = ["train.max_steps=2", "train.eval_every_steps=2", "log.progress=false", "log.tensorboard=false",
           "train.early_stopping=null"]
@@ -54,6 +54,9 @@ ON_FILES = {
     # the recipe's own Faster R-CNN, its "COCO weights" a state dict file of the arch saved here (random values)
     "coco_detection_finetune": lambda f: [f"data.path={f['boxes']}", f"model.args.pretrained={f['detector']}",
                                           "data.args.image_size=96", "train.global_batch_size=2"],
+    "segmentation_finetune": lambda f: [f"data.path={f['masks']}", f"model.args.pretrained={f['segmenter']}",
+                                        f"data.args.classes=[{', '.join(MASK_CLASSES)}]", "data.args.image_size=64",
+                                        "train.global_batch_size=2"],
 }
 
 
@@ -95,8 +98,12 @@ def files(tmp_path_factory) -> dict[str, Path]:
     detector = root / "fasterrcnn_mobilenet_v3_large_fpn.pth"
     torch.save(torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_fpn", weights=None,
                                             weights_backbone=None).state_dict(), detector)
+    write_masks(root / "masks", n=16, side=64, seed=0)
+    segmenter = root / "deeplabv3_mobilenet_v3_large.pth"
+    torch.save(torchvision.models.get_model("deeplabv3_mobilenet_v3_large", weights=None, weights_backbone=None,
+                                            aux_loss=True).state_dict(), segmenter)  # as torchvision's file: an aux head
     return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"), "boxes": root / "shapes" / "coco",
-            "detector": detector,
+            "detector": detector, "masks": root / "masks", "segmenter": segmenter,
             "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
             "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
 
@@ -111,8 +118,8 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     assert not Path(recipe.data.path).is_absolute()
     if recipe.model.name == "hf":
         assert recipe.data.tokenizer == "model"
-    else:  # a detector normalizes its images itself, as its weights expect
-        assert recipe.data.normalize == ("none" if recipe.model.name == "detector" else "model")
+    else:  # a detector or a segmenter normalizes its images itself, as its weights expect
+        assert recipe.data.normalize == ("none" if recipe.model.name in ("detector", "segmenter") else "model")
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as code:
         main(["train", name, *COMMON, *ON_FILES[name](files), "--run-dir", str(run), "--json"])
@@ -125,6 +132,9 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
         assert "loss" not in ev and all(0 <= ev[k] <= 1 for k in ("map", "map_50", "map_75"))
         return
     assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
+    if recipe.model.name == "segmenter":  # mIoU and the rest, per class too
+        assert all(0 <= ev[k] <= 1 for k in ("miou", "dice", "pixel_accuracy")) and len(ev["per_class"]) == 3
+        return
     if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
         pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
         assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]

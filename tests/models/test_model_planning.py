@@ -13,6 +13,7 @@ from trainforge.models import MODELS, build_model
 IMAGES = DataInfo("classification", "image", (3, 32, 32), "float32", 10)
 TEXT = DataInfo("classification", "text", (32,), "int64", 4, vocab_size=100, seq_len=32)
 LM = DataInfo("lm", "text", (32,), "int64", 100, vocab_size=100, seq_len=32)
+MASKS = DataInfo("segmentation", "image", (3, 32, 32), "float32", 3, ("background", "box", "disc"))
 
 CASES = {
     "mlp": (IMAGES, {}),
@@ -26,7 +27,8 @@ CASES = {
     "hf": (LM, {"pretrained": False, "config": {"model_type": "llama", "hidden_size": 32, "intermediate_size": 64,
                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
                                                  "num_key_value_heads": 2, "vocab_size": 100}}),
-    "timm": (IMAGES, {"arch": "test_resnet"}),  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
+    "timm": (IMAGES, {"arch": "test_resnet"}),
+    "segmenter": (MASKS, {"arch": "lraspp_mobilenet_v3_large", "pretrained": False}),  # logits (N, classes, H, W)  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
 }
 
 

@@ -18,7 +18,6 @@ from trainforge.data.pool import Pool, Samples, SampleUnreadable
 from trainforge.data.sources import SOURCES
 from trainforge.data.stages.augment import (
     Augment,
-    BoxAugment,
     TextAugment,
     build_augment,
     build_text_augment,
@@ -90,8 +89,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none", seed, sampled)
     normalize = None if normalizer.kind == "none" else normalizer
     augment = choose_augment(cfg.augment, info, pool.value_range)
-    if augment is not None and pool.samples.targets_move:  # boxes move with the pixels
-        augment = BoxAugment(augment)
+    if augment is not None:  # boxes and masks move with the pixels
+        augment = pool.samples.target_augment(augment)
 
     preprocess: dict[str, Any] = {"modality": info.modality, "task": info.task, **pool.preprocess}
     if scaled:

@@ -34,8 +34,6 @@ class Samples:
     # language modelling: the samples are windows of one text, split into contiguous ranges so that no window of the
     # val or test text is trained on; False where they are independent records (conversations): split at random
     contiguous = True
-    # the target moves with the pixels (a detection sample's boxes): image augmentation is given the target too
-    targets_move = False
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -54,6 +52,11 @@ class Samples:
         """What needs the split: texts tokenized by a tokenizer fitted on the train split only (like normalization),
         conversations laid into windows, each split's its own (the splits then index the windows)."""
         return pool, splits
+
+    def target_augment(self, augment: Any) -> Any:
+        """The train-split augmenter of these samples, given the image one: itself where the target does not move
+        with the pixels (a class), or a wrapper that moves it too (a detection sample's boxes, a segmentation mask)."""
+        return augment
 
     def in_memory(self, indices: np.ndarray) -> Optional[torch.Tensor]:
         """The raw inputs of these samples as one tensor, when they are held in memory (normalization statistics

@@ -14,6 +14,7 @@ SOURCE_TASK = {
     "hf_datasets": "lm",  # data.args.label_column set: classification
     "imagefolder": "classification",
     "jsonl": "classification",
+    "masks": "segmentation",
     "synthetic_images": "classification",
     "synthetic_text": "classification",  # data.args.task: lm
     "textfile": "lm",

@@ -171,6 +171,8 @@ def size_submission(cfg: Config, num_gpus: int, slots: Sequence[Slot]) -> Admitt
     except UserError as e:
         raise UserError(str(e), public=public_message(e)) from None
     need = setup.predicted_peak_bytes
+    if need is None:  # a step the planner cannot simulate (a detector's): the job reserves its slots whole
+        need = max(capacity.values())
     reason = never_fits(capacity, need, num_gpus)
     if reason:
         raise UserError(f"{cfg.name}: {reason}", public=True)

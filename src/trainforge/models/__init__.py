@@ -2,7 +2,7 @@
 
     from trainforge.models import build_model, MODELS
     model, spec = build_model(cfg.model, bundle.info)   # spec.example(8) is a valid input batch
-    MODELS.names()  # cnn, custom, detector, gpt, hf, hybrid, mlp, resnet, text_transformer, timm, vit
+    MODELS.names()  # cnn, custom, detector, gpt, hf, hybrid, mlp, resnet, segmenter, text_transformer, timm, vit
 
 Add a model by writing a factory `f(info, **args) -> (nn.Module, InputSpec)` in its own module,
 decorating it with `@register_model(name, fits=...)` and importing the module below.
@@ -12,6 +12,6 @@ from __future__ import annotations
 from trainforge.models.zoo import MODELS, build_model, input_spec, is_convolutional, models_that_fit, register_model
 
 # importing a family registers it
-from trainforge.models import cnn, custom, detectors, gpt, hf, hybrid, mlp, resnet, text, timm_models, vit  # noqa: E402,F401  isort: skip
+from trainforge.models import cnn, custom, detectors, gpt, hf, hybrid, mlp, resnet, segmenters, text, timm_models, vit  # noqa: E402,F401  isort: skip
 
 __all__ = ["MODELS", "build_model", "input_spec", "is_convolutional", "models_that_fit", "register_model"]

@@ -56,7 +56,7 @@ def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fp
     if info.input_shape[0] != 3:
         raise UserError(f"model.name: detector takes RGB images (3 channels), the data has {info.input_shape[0]}; "
                         "read the images as RGB")
-    if pretrained and backbone is not None:
+    if pretrained is True and backbone is not None:
         raise UserError(f"model.args.backbone: {arch}'s COCO weights are for its own backbone; set "
                         "model.args.pretrained: false to train a detector with another one")
     if pretrained and backbone_weights:

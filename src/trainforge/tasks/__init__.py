@@ -8,10 +8,10 @@ model for it. The core asks the task and never names one.
     loss = task.training_loss(output, batch, label_smoothing=0.1)
     ev = task.evaluation(info); ev.add_batch(output, batch); ev.mean_loss, ev.result(detailed=True)
     task.default_metric, task.direction("accuracy")     # "accuracy", "max"
-    TASKS.names()                               # ["classification", "detection", "lm"] and any a run's own module registers
+    TASKS.names()                               # ["classification", "detection", "lm", "segmentation"] and any a run's own module registers
 
 docs/architecture.md, "Adding a task", lists what a new task provides. Standard library and numpy at import (predict
 reads tasks where torch is absent); a task imports torch inside the functions that need it.
 """
 from trainforge.tasks.base import TASKS, Evaluation, Task, register_task, task_of  # noqa: F401
-from trainforge.tasks import classification, detection, lm  # noqa: F401,E402 - registers the shipped tasks
+from trainforge.tasks import classification, detection, lm, segmentation  # noqa: F401,E402 - registers the shipped tasks

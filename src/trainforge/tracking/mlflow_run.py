@@ -405,9 +405,12 @@ def signature(data_info: dict[str, Any]) -> Any:
     shape = tuple(int(d) for d in data_info["input_shape"])
     dtype = np.dtype(data_info.get("input_dtype", "float32"))
     classes = int(data_info["num_classes"])
-    out = TASKS.get(data_info["task"]).output_shape(shape, classes)
-    return ModelSignature(inputs=Schema([TensorSpec(dtype, (-1, *shape))]),
-                          outputs=Schema([TensorSpec(np.dtype("float32"), out)]))
+    inputs = Schema([TensorSpec(dtype, (-1, *shape))])
+    try:
+        out = TASKS.get(data_info["task"]).output_shape(shape, classes)
+    except NotImplementedError:  # outputs that are not one tensor (a detector's boxes per image): inputs only
+        return ModelSignature(inputs=inputs)
+    return ModelSignature(inputs=inputs, outputs=Schema([TensorSpec(np.dtype("float32"), out)]))
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     hf_datasets,
     imagefolder,
     jsonl,
+    masks,
     synthetic,
     tabular,
     textfile,

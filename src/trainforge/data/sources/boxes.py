@@ -36,6 +36,7 @@ from trainforge.data.base import DataInfo
 from trainforge.data.formats.manifest import OK, read_files
 from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
 from trainforge.data.sources.common import SourceArgs
+from trainforge.data.stages.augment import BoxAugment
 from trainforge.errors import UserError
 from trainforge.hardware.cpus import available_cpus
 
@@ -69,8 +70,6 @@ class Annotated:
 class BoxSamples(Samples):
     """The kept images and their cleaned boxes; image i is read and resized when asked for."""
 
-    targets_move = True  # augmentation moves the boxes with the pixels (data/stages/augment.BoxAugment)
-
     def __init__(self, root: str, ids: list[str], boxes: list[np.ndarray], labels: list[np.ndarray],
                  sizes: np.ndarray, image_size: int) -> None:
         self.root, self.ids, self.boxes, self.labels, self.sizes = root, ids, boxes, labels, sizes
@@ -90,6 +89,9 @@ class BoxSamples(Samples):
         scale = np.asarray([self.image_size / width, self.image_size / height] * 2, dtype=np.float32)
         boxes = torch.from_numpy(self.boxes[index] * scale).reshape(-1, 4)
         return x, {"boxes": boxes, "labels": torch.from_numpy(self.labels[index]).reshape(-1)}
+
+    def target_augment(self, augment: Any) -> Any:
+        return BoxAugment(augment)  # the boxes move with the pixels
 
     def subset(self, keep: np.ndarray) -> "BoxSamples":
         return BoxSamples(self.root, [self.ids[i] for i in keep], [self.boxes[i] for i in keep],

@@ -63,22 +63,23 @@ class Augment:
     def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
         return self.geometric([x], g)[0]
 
-    def geometric(self, items: list, g: torch.Generator) -> list:
+    def geometric(self, items: list, g: torch.Generator, fill: float = 0) -> list:
         """The ops on the image `items[0]` and, moved with its pixels, the tv_tensors after it (BoundingBoxes,
-        Mask): each op's parameters are drawn once, from `g`; colour jitter changes the image only."""
+        Mask): each op's parameters are drawn once, from `g`; colour jitter changes the image only. What a rotation
+        brings into view is the image's lowest value in the image and `fill` in a mask."""
         import torchvision.transforms.v2.functional as TF  # loaded by __post_init__: a lookup here
 
         cfg = self.cfg
         lo, hi = self.value_range
         height, width = items[0].shape[-2:]
 
-        def each(op, **kwargs):  # an image is filled with its lowest value; boxes and masks with zeros
+        def each(op, **kwargs):
             return [op(v, **kwargs) for v in items]
 
         if cfg.rotation_deg > 0:
             angle = _uniform(g, -cfg.rotation_deg, cfg.rotation_deg)
             items = [TF.rotate(v, angle, interpolation=TF.InterpolationMode.BILINEAR if i == 0 else
-                               TF.InterpolationMode.NEAREST, fill=[lo] * self.channels if i == 0 else 0)
+                               TF.InterpolationMode.NEAREST, fill=[lo] * self.channels if i == 0 else fill)
                      for i, v in enumerate(items)]
         if cfg.crop_scale is not None:
             top, left, h, w = crop_box(height, width, cfg.crop_scale, g)
@@ -133,6 +134,23 @@ class BoxAugment:
                  for k, v in target.items()}
         moved["boxes"] = boxes[keep]
         return x, moved
+
+
+@dataclass(frozen=True)
+class MaskAugment:
+    """The image ops on (image, mask (H, W) of class indices) samples (segmentation): the mask moves with the pixels
+    (torchvision.transforms.v2 on tv_tensors.Mask, nearest-neighbour), and what a rotation brings into view is
+    `ignore` (no class). The dataset calls it with the target: `takes_target`."""
+
+    image: Augment
+    ignore: int
+    takes_target = True
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        from torchvision import tv_tensors
+
+        x, moved = self.image.geometric([x, tv_tensors.Mask(mask[None])], g, fill=self.ignore)
+        return x, moved.as_subclass(torch.Tensor)[0]
 
 
 @dataclass(frozen=True)

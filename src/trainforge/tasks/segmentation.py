@@ -1,0 +1,153 @@
+"""`segmentation`: a class for every pixel of an image (semantic segmentation, issue 28).
+
+A sample is (image (C, H, W) float, mask (H, W) int64 of class indices, IGNORE where a pixel is not labelled: VOC's
+void border, or what an augmentation moved into view); a batch stacks both. The model returns logits (N, classes,
+H, W) at the mask's size (torchvision's segmenters as `model.name: segmenter` do; a custom model the same). The loss
+is cross-entropy over the labelled pixels; evaluation accumulates the confusion matrix of every labelled pixel, from
+which come mIoU (the mean IoU of the classes present in the labels or the predictions), Dice (likewise), pixel
+accuracy, and per class IoU and Dice (eval.json's `per_class`).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from trainforge.errors import UserError
+from trainforge.tasks.base import Evaluation, Task, register_task
+
+IGNORE = 255  # a mask value that is no class: left out of the loss and the metrics (VOC's "void")
+METRICS = ("loss", "miou", "dice", "pixel_accuracy")
+
+
+@register_task
+class Segmentation(Task):
+    name = "segmentation"
+    title = "semantic segmentation"
+    description = "a class for every pixel (image + mask PNG folders; torchvision's DeepLabV3, FCN, LRASPP): mIoU, Dice"
+    metrics = METRICS
+    default_metric = "miou"
+    higher_is_better = frozenset(("miou", "dice", "pixel_accuracy"))
+    quality = ("miou", "mIoU", "test mIoU")
+    prediction_columns = ("classes",)
+
+    def loss(self, output, target, *, label_smoothing=0.0, reduction="mean"):
+        import torch.nn.functional as F
+
+        return F.cross_entropy(output, target, ignore_index=IGNORE, label_smoothing=label_smoothing,
+                               reduction=reduction)
+
+    def evaluation(self, info: Any) -> Evaluation:
+        return SegmentationEvaluation(self, tuple(info.class_names) or tuple(map(str, range(info.num_classes))))
+
+    def example_target(self, info: Any, batch_size: int):
+        import torch
+
+        return torch.zeros((batch_size, *info.input_shape[-2:]), dtype=torch.long)
+
+    def output_shape(self, input_shape: tuple[int, ...], num_classes: int) -> tuple[int, ...]:
+        return (-1, num_classes, *input_shape[-2:])
+
+    def score_logits(self, logits: np.ndarray, labels: np.ndarray) -> dict[str, Optional[float]]:
+        """mIoU, pixel accuracy (`accuracy`, what compress's recommendation compares) and the loss, in numpy."""
+        cm = confusion(labels, logits.argmax(axis=1), logits.shape[1])
+        scores = scores_of(cm)
+        labelled = labels != IGNORE
+        flat = np.moveaxis(logits, 1, -1)[labelled].astype(np.float64)
+        shifted = flat - flat.max(axis=1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        loss = float(-log_probs[np.arange(len(flat)), labels[labelled]].mean()) if len(flat) else None
+        return {"miou": scores["miou"], "accuracy": scores["pixel_accuracy"], "loss": loss}
+
+    def predictions(self, outputs: dict[str, np.ndarray], meta: dict[str, Any], *, top_k: int) -> list[dict[str, Any]]:
+        """Per image: the share of its pixels predicted as each class present, largest first (the mask itself is a
+        PNG: `predict --images DIR`)."""
+        (logits,) = outputs.values()
+        if logits.ndim != 4:
+            raise UserError(f"ARTIFACT: returned logits of shape {logits.shape}; a segmenter returns (batch, classes, "
+                            "height, width)")
+        names = [str(c) for c in meta.get("class_names") or range(logits.shape[1])]
+        rows = []
+        for mask in logits.argmax(axis=1):
+            counts = np.bincount(mask.reshape(-1), minlength=len(names))
+            order = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i]]
+            rows.append({"classes": {names[i]: round(float(counts[i] / mask.size), 4) for i in order[:top_k]},
+                         "height": int(mask.shape[0]), "width": int(mask.shape[1])})
+        return rows
+
+    def prediction_image(self, sample: dict, output: dict, prediction: dict, meta: dict) -> Optional[np.ndarray]:
+        """The image with each pixel tinted by its predicted class (class 0 left as it is), beside the mask."""
+        (logits,) = output.values()
+        mask = logits[0].argmax(axis=0) if logits.ndim == 4 else logits.argmax(axis=0)
+        (image,) = sample.values()
+        image = image[0] if image.ndim == 4 else image
+        rgb = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
+        rgb = (rgb - rgb.min()) / max(float(np.ptp(rgb)), 1e-6)
+        colours = palette(int(logits.shape[-3]))
+        tinted = np.where(mask[..., None] > 0, 0.5 * rgb.transpose(1, 2, 0) + 0.5 * colours[mask] / 255,
+                          rgb.transpose(1, 2, 0))
+        return np.concatenate([np.uint8(255 * tinted), colours[mask]], axis=1)
+
+
+def palette(classes: int) -> np.ndarray:
+    """(classes, 3) uint8 colours, VOC's bit-interleaved palette (class 0 black)."""
+    out = np.zeros((classes, 3), dtype=np.uint8)
+    for c in range(classes):
+        v, r, g, b = c, 0, 0, 0
+        for shift in range(8):
+            r |= ((v >> 0) & 1) << (7 - shift)
+            g |= ((v >> 1) & 1) << (7 - shift)
+            b |= ((v >> 2) & 1) << (7 - shift)
+            v >>= 3
+        out[c] = (r, g, b)
+    return out
+
+
+def confusion(labels: np.ndarray, predicted: np.ndarray, classes: int) -> np.ndarray:
+    """(classes, classes) int64 counts of the labelled pixels: rows the true class, columns the predicted one."""
+    labels, predicted = labels.reshape(-1), predicted.reshape(-1)
+    keep = labels != IGNORE
+    return np.bincount(classes * labels[keep].astype(np.int64) + predicted[keep],
+                       minlength=classes * classes).reshape(classes, classes)
+
+
+def scores_of(cm: np.ndarray) -> dict[str, Any]:
+    """mIoU, Dice, pixel accuracy, and per class IoU and Dice (None for a class in neither labels nor predictions;
+    the means are over the classes that are)."""
+    cm = cm.astype(np.float64)
+    tp = np.diag(cm)
+    union = cm.sum(axis=0) + cm.sum(axis=1) - tp
+    present = union > 0
+    iou = np.divide(tp, union, out=np.zeros_like(tp), where=present)
+    dice = np.divide(2 * tp, union + tp, out=np.zeros_like(tp), where=present)
+    total = cm.sum()
+    return {"miou": float(iou[present].mean()) if present.any() else None,
+            "dice": float(dice[present].mean()) if present.any() else None,
+            "pixel_accuracy": float(tp.sum() / total) if total else None,
+            "iou": [float(v) if p else None for v, p in zip(iou, present)],
+            "dice_per_class": [float(v) if p else None for v, p in zip(dice, present)]}
+
+
+class SegmentationEvaluation(Evaluation):
+    def __init__(self, task: Task, names: tuple[str, ...]) -> None:
+        super().__init__(task)
+        self.names = names
+        self.cm = np.zeros((len(names), len(names)), dtype=np.int64)
+
+    def add(self, output, target) -> None:
+        self.loss_sum += float(self.task.loss(output, target, reduction="sum"))
+        labelled = int((target != IGNORE).sum())
+        self.count += labelled
+        self.cm += confusion(target.cpu().numpy(), output.argmax(1).cpu().numpy(), len(self.names))
+
+    @property
+    def mean_loss(self) -> Optional[float]:
+        return self.loss_sum / self.count if self.count else None
+
+    def result(self, detailed: bool) -> dict[str, Any]:
+        scores = scores_of(self.cm)
+        out: dict[str, Any] = {k: scores[k] for k in ("miou", "dice", "pixel_accuracy")}
+        if detailed:
+            out["per_class"] = {name: {"iou": iou, "dice": dice}
+                                for name, iou, dice in zip(self.names, scores["iou"], scores["dice_per_class"])}
+        return out
