@@ -104,3 +104,14 @@ def test_the_table_flags_a_variant_slower_than_fp32_and_marks_the_recommended_on
     assert recommendation_line(doc).startswith("* recommended (served by `trainforge predict` on the folder): fp32: ")
     html = report_section(doc)
     assert "0.27x slower" in html and "<td>fp32 *</td>" in html and "* recommended" in html
+
+
+def test_a_detectors_tolerance_counts_map_50_points():
+    """A task whose quality is not accuracy (a detector's mAP@.5) names it: its points decide, not a missing accuracy."""
+    variants = [row("fp32", 1900.0, 100_000, accuracy=None, map_50=0.80),
+                row("int8", 1300.0, 30_000, accuracy=None, map_50=0.795)]
+    assert recommend(variants).name == "fp32"  # without the key: int8's quality is unknown, fp32 is served
+    rec = recommend(variants, points="map_50")
+    assert rec.name == "int8" and "within 1 map_50 point of fp32" in rec.reason
+    variants[1]["map_50"] = 0.78  # 2 points lost
+    assert recommend(variants, points="map_50").name == "fp32"

@@ -1,6 +1,7 @@
 """Detection end to end (issue 28): a small torchvision Faster R-CNN learns generated shapes from COCO, YOLO and VOC
-folders alike; `trainforge eval` gives the run's numbers again; a detector's run SIGKILLed mid-epoch resumes
-bit-identical; two processes match one at twice the micro-batch."""
+folders alike; `trainforge eval` gives the run's numbers again; compress exports it to ONNX, whose detections agree
+with PyTorch's, and `trainforge predict` serves it; a detector's run SIGKILLed mid-epoch resumes bit-identical; two
+processes match one at twice the micro-batch."""
 from __future__ import annotations
 
 import json
@@ -8,12 +9,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
 
 import trainforge
 from test_crash_resume import assert_bit_identical, kill_and_resume, launch
 from trainforge.cli import main
+from trainforge.data import build_data
 from trainforge.metrics_file import read_metrics
+from trainforge.training.artifacts import load_trained
 from vision_data import write_shapes
 
 # a Faster R-CNN on a ResNet-18 FPN, anchors for 64-pixel images, fewer proposals than COCO's (three shapes an image)
@@ -60,6 +66,59 @@ def test_a_small_detector_learns_the_shapes_from_each_format(fmt, shapes, tmp_pa
         assert code.value.code in (0, None)
         again = json.loads(capsys.readouterr().out)
         assert {k: again[k] for k in ("map", "map_50", "map_75")} == {k: ev[k] for k in ("map", "map_50", "map_75")}
+        check_compressed_and_served(run, ev, shapes / fmt, tmp_path, capsys)
+
+
+def check_compressed_and_served(run: Path, ev: dict, data: Path, tmp_path: Path, capsys) -> None:
+    """compress: fp32 and int8 ONNX, scored by COCO's mAP on the test split; onnxruntime's fp32 detections are
+    PyTorch's (same count, same classes, boxes within 1 px); predict on image files: boxes as JSON, drawn."""
+    with pytest.raises(SystemExit) as code:
+        main(["compress", str(run), "--bench-seconds", "0.2", "--calibration-samples", "8", "--json"])
+    assert code.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    rows = {v["name"]: v for v in doc["variants"]}
+    assert rows["fp32"]["map_50"] == pytest.approx(ev["map_50"], abs=1e-3)
+    assert rows["fp32"]["max_abs_diff"] < 1e-3
+    assert abs(rows["int8"]["map_50"] - rows["fp32"]["map_50"]) < 0.05
+    assert doc["recommendation"]["points"] == "map_50"
+
+    import onnxruntime as ort
+
+    trained = load_trained(run / "final")
+    model = trained.build_model().eval()
+    bundle = build_data(trained.config.data, seed=trained.config.seed, stored=trained.preprocess)
+    session = ort.InferenceSession(str(run / "compressed" / "fp32.onnx"), providers=["CPUExecutionProvider"])
+    found = 0
+    for i in range(len(bundle.test)):
+        image = bundle.test[i][0]
+        with torch.no_grad():
+            (want,) = model([image])
+        boxes, scores, labels = session.run(["boxes", "scores", "labels"], {"input": image[None].numpy()})
+        assert labels.tolist() == want["labels"].tolist(), i
+        assert np.abs(boxes - want["boxes"].numpy()).max(initial=0) <= 1.0, i
+        assert np.abs(scores - want["scores"].numpy()).max(initial=0) < 1e-3, i
+        found += len(labels)
+    assert found >= len(bundle.test)  # the trained detector finds something in every image, or near it
+
+    files = [str(p) for p in sorted((data / "images").iterdir())[:2]]
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(run / "compressed"), *files, "--variant", "fp32", "--images", str(tmp_path / "drawn"),
+              "--json"])
+    assert code.value.code in (0, None)
+    predicted = json.loads(capsys.readouterr().out)["predictions"]
+    assert [p["input"] for p in predicted] == files
+    side = trained.info.input_shape[-1]
+    for p in predicted:
+        assert p["detections"] and {d["label"] for d in p["detections"]} <= {"box", "disc"}
+        scores = [d["score"] for d in p["detections"]]
+        assert scores == sorted(scores, reverse=True)
+        for d in p["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            assert 0 <= x1 < x2 <= side and 0 <= y1 < y2 <= side
+            assert d["box_relative"] == pytest.approx([x1 / side, y1 / side, x2 / side, y2 / side], abs=1e-4)
+        assert sum(p["objects"].values()) == sum(d["score"] >= 0.5 for d in p["detections"])
+        drawn = np.asarray(Image.open(p["image"]))
+        assert drawn.shape == (side, side, 3)
 
 
 @pytest.mark.slow

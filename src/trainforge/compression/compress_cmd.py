@@ -32,8 +32,8 @@ def compress_command(
     bench_s: float = typer.Option(1.0, "--bench-seconds", help="Timing budget per variant and batch size."),
     calibration_samples: int = typer.Option(256, "--calibration-samples", help="Train-split samples for static int8."),
     device: Optional[str] = typer.Option(None, "--device", help="Device for torchao variants (default cuda if present)."),
-    accuracy_tolerance: float = typer.Option(1.0, "--accuracy-tolerance", help="Accuracy points (perplexity: percent) "
-                                             "a variant may lose against fp32 and still be recommended."),
+    accuracy_tolerance: float = typer.Option(1.0, "--accuracy-tolerance", help="Points of the task's quality (accuracy, "
+                                             "mAP@.5, mIoU; perplexity: percent) a variant may lose against fp32 and still be recommended."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON document."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the SHA-256 check of CHECKPOINT's files against "
                                    "their manifest.json (e.g. a final/ written before manifests existed)."),

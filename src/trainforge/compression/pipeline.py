@@ -99,8 +99,10 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     test, calibration = load_splits(cfg, options.calibration_samples, trained.preprocess, task, info)
     model = trained.build_model().eval()
     exported = task.export_module(model, info)  # what the graph holds: the model, or the task's wrapper of it
-    # the example is a training-split sample: the shape the model takes (a task may infer on larger test inputs)
-    two = bench.batch_of(calibration.feeds, 2)  # two samples: a batch of one would fix the graph's batch at 1
+    # the example is a training-split sample: the shape the model takes (a task may infer on larger test inputs);
+    # two samples, as a batch of one would fix the graph's batch at 1 (unless the task's graph takes a fixed batch)
+    graph_batch = task.export_batch_size
+    two = bench.batch_of(calibration.feeds, graph_batch or 2)
     example = tuple(torch.from_numpy(two[name]) for name in signature.inputs)
 
     def meta(variant: str) -> dict[str, Any]:
@@ -144,7 +146,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     method = None
     if options.quantize == "int8":
         method = choose_method(exported, example) if options.int8_method == "auto" else options.int8_method
-        batches = calibration.chunks(32)
+        batches = calibration.chunks(graph_batch or 32)
         sources = [("int8", fp32, params, flops, teacher)]
         if pruned_path is not None:
             sources.append(("pruned+int8", pruned_path, pruning["params_after"], pruning["flops_after"], pruned_logits))
@@ -158,7 +160,9 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
                                         info.task, options.bench_s, options.device))
 
     add_comparisons(variants)
-    choice = mark(variants, options.accuracy_tolerance_pt)
+    # the tolerance counts points of the task's quality where it is a fraction to maximize (accuracy, mAP@.5, mIoU)
+    points = task.quality[0] if task.direction(task.quality[0]) == "max" else "accuracy"
+    choice = mark(variants, options.accuracy_tolerance_pt, points)
     log(f"recommended: {choice.reason}")
     doc = {
         "checkpoint": str(trained.source),
@@ -171,7 +175,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         "test_samples": len(test),
         "variants": variants,
         "recommendation": {"variant": choice.name, "file": FILE_NAMES[choice.name], "reason": choice.reason,
-                           "accuracy_tolerance_pt": options.accuracy_tolerance_pt},
+                           "accuracy_tolerance_pt": options.accuracy_tolerance_pt, "points": points},
     }
     (out_dir / COMPRESS_RECORD).write_text(json.dumps(doc, indent=1))
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included

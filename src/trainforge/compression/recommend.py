@@ -5,7 +5,8 @@
     rec.reason   # "int8: fastest at batch 32 (1.080 ms, 1.60x fp32) of the variants within 1 accuracy point of fp32"
 
 The rule (docs/architecture.md, "Contracts", `compress --json`): among the ONNX variants whose accuracy is within `tolerance_pt`
-points of fp32's (language models: perplexity at most `tolerance_pt` percent above fp32's), the one with the
+points of fp32's (or the task's own quality, a fraction, `points`: a detector's mAP@.5, a segmenter's mIoU; language
+models: perplexity at most `tolerance_pt` percent above fp32's), the one with the
 lowest median latency at batch 32; equal latencies go to the smaller file, then to the earlier row. fp32 is
 always eligible, so a compressed variant is recommended only when it is at least as fast as fp32 on the machine
 that measured it. `predict` serves the recommended variant of a folder without measuring anything.
@@ -32,10 +33,11 @@ def servable(row: dict[str, Any]) -> bool:
     return str(row.get("path", "")).endswith(SERVABLE_SUFFIX)
 
 
-def quality_loss(row: dict[str, Any], base: dict[str, Any]) -> Optional[float]:
-    """Accuracy points lost against `base` (perplexity: percent gained); None when not measured."""
-    if row.get("accuracy") is not None and base.get("accuracy") is not None:
-        return 100.0 * (base["accuracy"] - row["accuracy"])
+def quality_loss(row: dict[str, Any], base: dict[str, Any], points: str = "accuracy") -> Optional[float]:
+    """Points of `points` (accuracy, or the task's quality fraction) lost against `base` (perplexity: percent
+    gained); None when not measured."""
+    if row.get(points) is not None and base.get(points) is not None:
+        return 100.0 * (base[points] - row[points])
     if row.get("perplexity") is not None and base.get("perplexity"):
         return 100.0 * (row["perplexity"] / base["perplexity"] - 1.0)
     return None
@@ -46,22 +48,24 @@ def slower_than_reference(row: dict[str, Any], base: dict[str, Any]) -> bool:
     return row["latency_ms"][BATCH] > base["latency_ms"][BATCH]
 
 
-def recommend(variants: Sequence[dict[str, Any]], tolerance_pt: float = ACCURACY_TOLERANCE_PT) -> Recommendation:
-    """The variant to serve by default, and why (see module doc). `variants`: compress.json's rows."""
+def recommend(variants: Sequence[dict[str, Any]], tolerance_pt: float = ACCURACY_TOLERANCE_PT,
+              points: str = "accuracy") -> Recommendation:
+    """The variant to serve by default, and why (see module doc). `variants`: compress.json's rows; `points`: the
+    row's key of the quality whose points the tolerance counts (a fraction, higher is better)."""
     base = next((v for v in variants if v["name"] == REFERENCE), None)
     if base is None:
         raise ValueError(f"no {REFERENCE} row among {[v['name'] for v in variants]}: it is the reference")
-    if base.get("accuracy") is not None:
-        within = f"within {tolerance_pt:g} accuracy point{'' if tolerance_pt == 1 else 's'} of {REFERENCE}"
+    if base.get(points) is not None:
+        within = f"within {tolerance_pt:g} {points} point{'' if tolerance_pt == 1 else 's'} of {REFERENCE}"
     elif base.get("perplexity") is not None:
         within = f"at most {tolerance_pt:g}% above {REFERENCE}'s perplexity"
-    else:  # a task whose quality is neither (detection recall, Dice): only fp32 is known to keep it
+    else:  # a task whose quality is not measured in the rows: only fp32 is known to keep it
         within = f"known to keep {REFERENCE}'s quality"
     eligible, excluded = [], []
     for v in variants:
         if not servable(v):
             continue
-        loss = 0.0 if v is base else quality_loss(v, base)
+        loss = 0.0 if v is base else quality_loss(v, base, points)
         if loss is not None and loss <= tolerance_pt + 1e-9:
             eligible.append(v)
         else:
@@ -86,9 +90,10 @@ def recommend(variants: Sequence[dict[str, Any]], tolerance_pt: float = ACCURACY
     return Recommendation(best["name"], reason)
 
 
-def mark(variants: list[dict[str, Any]], tolerance_pt: float = ACCURACY_TOLERANCE_PT) -> Recommendation:
+def mark(variants: list[dict[str, Any]], tolerance_pt: float = ACCURACY_TOLERANCE_PT,
+         points: str = "accuracy") -> Recommendation:
     """Set `recommended` (true on exactly one row) and `slower_than_fp32` on every row; returns the choice."""
-    rec = recommend(variants, tolerance_pt)
+    rec = recommend(variants, tolerance_pt, points)
     base = next(v for v in variants if v["name"] == REFERENCE)
     for v in variants:
         v["recommended"] = v["name"] == rec.name

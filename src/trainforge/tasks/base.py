@@ -65,6 +65,9 @@ class Task:
         return None if type(self).predictions is not Task.predictions else "its task defines no predictions"
     # None when compress exports this task's models to ONNX, else why not (one line, said before anything is loaded)
     export_refusal: Optional[str] = None
+    # the exported graph's fixed batch (a detector's graph takes one image: `serve` calls it once per image), or None
+    # for a graph whose batch axis is dynamic
+    export_batch_size: Optional[int] = None
     # None when the planner simulates this task's training step on fake tensors, else why it cannot (`plan` says it
     # in one line; `micro_batch_size: auto` takes the whole per-process batch and leaves the rest to OOM recovery)
     simulation_refusal: Optional[str] = None

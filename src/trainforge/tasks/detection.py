@@ -16,9 +16,12 @@ eval mode, so evaluation reports none.
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Optional
 
-from trainforge.tasks.base import Evaluation, Task, register_task
+import numpy as np
+
+from trainforge.tasks.base import INPUT_NAME, Evaluation, ExportSignature, Feeds, Runner, Task, register_task
 
 if TYPE_CHECKING:
     import torch
@@ -28,6 +31,13 @@ BACKGROUND = "__background__"
 METRICS = ("map", "map_50", "map_75", "map_small", "map_medium", "map_large", "mar_1", "mar_10", "mar_100")
 # what the planner's example batch gives each image: boxes per image of a busy street scene (COCO's mean is ~7)
 EXAMPLE_BOXES = 8
+# the exported model's outputs (issue 28 Build 6): per image, its detections padded to SERVED_DETECTIONS rows, best
+# first; a padding row has label -1, score 0 and box 0. SERVED_DETECTIONS is COCO's maxDets, torchvision's
+# detections_per_img default: mAP counts no more (a model that keeps more is served its best 100)
+OUTPUTS = ("boxes", "scores", "labels")
+SERVED_DETECTIONS = 100
+PADDING_LABEL = -1
+SHOWN_SCORE = 0.5  # predict's `objects` counts and drawn boxes: the detections scoring at least this
 
 
 @register_task
@@ -41,8 +51,8 @@ class Detection(Task):
     quality = ("map_50", "mAP@.5", "test mAP at IoU 0.5")
     simulation_refusal = ("a detector picks its proposals and matches its boxes by their values (nonzero, nms), which "
                           "fake tensors cannot follow")
-    export_refusal = ("compress does not export detectors yet: their outputs differ in size from image to image; "
-                      "evaluate and serve the run's PyTorch model (trainforge eval) meanwhile")
+    export_batch_size = 1  # the graph takes one image; serve calls it once per image
+    prediction_columns = ("objects",)
 
     def collate(self, samples: list) -> tuple[Any, list[dict[str, "torch.Tensor"]]]:
         import torch
@@ -76,6 +86,106 @@ class Detection(Task):
         boxes = torch.stack([x1, y1, x1 + w / 4, y1 + h / 4], dim=1)
         labels = 1 + torch.arange(EXAMPLE_BOXES, device=device) % max(info.num_classes - 1, 1)
         return inputs, [{"boxes": boxes, "labels": labels} for _ in range(batch_size)]
+
+
+    # ---- export and serving
+    def export_signature(self, info: Any) -> ExportSignature:
+        """One image in (1, C, H, W), its detections out: boxes (n, 4) xyxy in the input's pixels, scores (n,), labels
+        (n,), n dynamic."""
+        return ExportSignature((INPUT_NAME,), OUTPUTS, {name: {0: "detections"} for name in OUTPUTS})
+
+    def export_module(self, model: Any, info: Any) -> Any:
+        from trainforge.tasks.exporting import OneImageDetections
+
+        return OneImageDetections(model)
+
+    def export_feeds(self, batch: Any, info: Any) -> Feeds:
+        import torch
+
+        images = batch[0] if not isinstance(batch[0], list) else torch.stack(batch[0])
+        return {INPUT_NAME: images.detach().cpu().numpy()}
+
+    def serve(self, run: Runner, feeds: Feeds, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+        """The graph on each image in turn, its detections padded: boxes (B, 100, 4), scores (B, 100), labels (B, 100),
+        best first, padding rows labelled -1."""
+        ((name, images),) = feeds.items()
+        return pad_detections([run({name: images[i:i + 1]}) for i in range(len(images))])
+
+    def score_outputs(self, outputs: dict[str, np.ndarray], batch: Any, info: Any) -> dict[str, Optional[float]]:
+        """Compress's quality columns: COCO's mAP of the served detections on the test split."""
+        import torch
+
+        found = [{"boxes": torch.from_numpy(d["boxes"]).float(), "scores": torch.from_numpy(d["scores"]).float(),
+                  "labels": torch.from_numpy(d["labels"]).long()} for d in unpadded(outputs)]
+        scores = coco_metrics(found, batch[1], tuple(info.class_names))
+        return {name: scores[name] for name in ("map", "map_50", "map_75")}
+
+    def predictions(self, outputs: dict[str, np.ndarray], meta: dict[str, Any], *, top_k: int) -> list[dict[str, Any]]:
+        """Per image: `detections` (every box the model kept, best first: label, score, box [x1, y1, x2, y2] in the
+        model input's pixels, and `box_relative` as fractions of its width and height, which hold for the original
+        image too: the sources stretch images to the input size), and `objects` (how many of each class score at
+        least SHOWN_SCORE). `top_k` does not apply: an image has as many objects as it has."""
+        names = [str(c) for c in meta.get("class_names") or []]
+        _, height, width = (list(meta.get("input_shape") or [0, 0, 0]) + [0, 0, 0])[:3]
+        rows = []
+        for image in unpadded(outputs):
+            detections = []
+            for box, score, label in zip(image["boxes"].tolist(), image["scores"].tolist(), image["labels"].tolist()):
+                detections.append({"label": names[label] if 0 <= label < len(names) else str(label),
+                                   "score": round(float(score), 4), "box": [round(v, 2) for v in box],
+                                   "box_relative": [round(box[0] / width, 5), round(box[1] / height, 5),
+                                                    round(box[2] / width, 5), round(box[3] / height, 5)]
+                                   if width and height else None})
+            objects = Counter(d["label"] for d in detections if d["score"] >= SHOWN_SCORE)
+            rows.append({"objects": dict(objects.most_common()), "detections": detections,
+                         "width": int(width), "height": int(height)})
+        return rows
+
+    def prediction_image(self, sample: Feeds, output: dict[str, np.ndarray], prediction: dict[str, Any],
+                         meta: dict[str, Any]) -> Optional[np.ndarray]:
+        """The image with the boxes scoring at least SHOWN_SCORE drawn, each in its class's colour, labelled."""
+        from PIL import Image, ImageDraw
+
+        from trainforge.tasks.segmentation import palette
+
+        (image,) = sample.values()
+        image = image[0] if image.ndim == 4 else image
+        rgb = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
+        rgb = (rgb - rgb.min()) / max(float(np.ptp(rgb)), 1e-6)
+        picture = Image.fromarray(np.uint8(255 * rgb.transpose(1, 2, 0)))
+        draw = ImageDraw.Draw(picture)
+        names = [str(c) for c in meta.get("class_names") or []]
+        colours = palette(max(len(names), 2) + 1)
+        for d in prediction["detections"]:
+            if d["score"] < SHOWN_SCORE:
+                continue
+            index = names.index(d["label"]) if d["label"] in names else 1
+            colour = tuple(int(c) for c in colours[index])
+            draw.rectangle(d["box"], outline=colour, width=2)
+            draw.text((d["box"][0] + 2, d["box"][1] + 1), f"{d['label']} {d['score']:.2f}", fill=colour)
+        return np.asarray(picture, dtype=np.uint8)
+
+
+def pad_detections(images: list[dict[str, np.ndarray]], rows: int = SERVED_DETECTIONS) -> dict[str, np.ndarray]:
+    """Each image's detections (the graph's outputs of one image), best `rows` first, as (B, rows, ...) arrays
+    padded with label -1, score 0, box 0."""
+    boxes = np.zeros((len(images), rows, 4), dtype=np.float32)
+    scores = np.zeros((len(images), rows), dtype=np.float32)
+    labels = np.full((len(images), rows), PADDING_LABEL, dtype=np.int64)
+    for i, found in enumerate(images):
+        order = np.argsort(-found["scores"], kind="stable")[:rows]
+        n = len(order)
+        boxes[i, :n], scores[i, :n], labels[i, :n] = found["boxes"][order], found["scores"][order], found["labels"][order]
+    return {"boxes": boxes, "scores": scores, "labels": labels}
+
+
+def unpadded(outputs: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The served (padded) outputs of a batch back to each image's own detections."""
+    out = []
+    for boxes, scores, labels in zip(outputs["boxes"], outputs["scores"], outputs["labels"]):
+        keep = labels != PADDING_LABEL
+        out.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+    return out
 
 
 class DetectionEvaluation(Evaluation):

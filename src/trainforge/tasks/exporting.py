@@ -16,3 +16,17 @@ class PositionalInputs(nn.Module):
 
     def forward(self, *inputs: Any) -> Any:
         return self.model(dict(zip(self.names, inputs)))
+
+
+class OneImageDetections(nn.Module):
+    """A torchvision-convention detector as a graph of one image: (1, C, H, W) -> its (n, 4) boxes, (n,) scores and
+    (n,) labels, n the detections it kept. torchvision's detectors take a list of images and trace to a graph of a
+    fixed number of them; one image a call keeps each image's own number of detections (the task pads them)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Any) -> Any:
+        (found,) = self.model([images[0]])
+        return found["boxes"], found["scores"], found["labels"]
