@@ -1,9 +1,12 @@
 """Segmentation end to end (issue 28): torchvision's FCN learns the shapes' pixels from a masks folder, is compressed
 to ONNX (fp32 and int8), whose masks agree with PyTorch's on the test split, and `trainforge predict` serves it on
-image files: class shares as JSON, the mask drawn with --images."""
+image files: class shares as JSON, the mask drawn with --images. A segmenter's run SIGKILLed mid-epoch resumes
+bit-identical, and two processes match one that accumulates the same two micro-batches."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,8 +14,10 @@ import torch
 from PIL import Image
 
 import trainforge
+from test_crash_resume import assert_bit_identical, kill_and_resume, launch
 from trainforge.cli import main
 from trainforge.data import build_data
+from trainforge.metrics_file import read_metrics
 from trainforge.training.artifacts import load_trained
 from vision_data import MASK_CLASSES, write_masks
 
@@ -70,3 +75,60 @@ def test_a_segmenter_learns_the_shapes_and_its_onnx_masks_agree_with_pytorch(tmp
         assert set(p["classes"]) <= set(MASK_CLASSES) and sum(p["classes"].values()) == pytest.approx(1, abs=1e-3)
         drawn = np.asarray(Image.open(p["image"]))
         assert drawn.shape == (48, 96, 3)  # the tinted image and the mask, side by side
+
+
+# LR-ASPP on MobileNetV3: the smallest of the segmenters, and without dropout (DeepLabV3's and FCN's heads have it,
+# which two processes draw differently from one)
+LRASPP = "model.args={arch: lraspp_mobilenet_v3_large, pretrained: false}"
+
+
+def small_run(data, *extra: str) -> list[str]:
+    return [f"data.path={data}", f"data.args.classes={CLASSES}", "data.args.image_size=48", LRASPP,
+            "train.early_stopping=null", "log.progress=false", "log.tensorboard=false", "train.device=cpu",
+            "train.log_every_steps=1", *extra]
+
+
+@pytest.fixture(scope="module")
+def masks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("masks")
+    write_masks(root, n=96, side=48, seed=1)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_a_segmenter_run_sigkilled_mid_epoch_resumes_bit_identical(masks, tmp_path):
+    """Augmented masks (flips, crops: a per-sample generator) and BatchNorm statistics: a resume restores both."""
+    args = small_run(masks, "train.max_steps=30", "train.eval_every_steps=15", "train.checkpoint_every_steps=5",
+                     "train.global_batch_size=4", "train.micro_batch_size=2",
+                     "data.augment={hflip: 0.5, crop_scale: [0.6, 1.0]}")
+    reference = tmp_path / "reference"
+    assert trainforge.train(trainforge.load_config("segmentation_finetune", args), run_dir=reference).status == \
+        "completed"
+    run = tmp_path / "killed"
+    made = kill_and_resume(lambda: launch(run, ["segmentation_finetune", *args]), run, kills=2, seed=28, pause_s=0.5)
+    assert made >= 1
+    assert_bit_identical(reference, run)  # every weight and BatchNorm buffer
+    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"] for d in (reference, run)]
+    assert losses[0] == losses[1] and len(losses[0]) == 30
+    assert json.loads((run / "eval.json").read_text()) == json.loads((reference / "eval.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_two_processes_on_a_segmenter_match_one_accumulating_the_same_micro_batches(masks, tmp_path):
+    """2 processes x micro-batch 2 against 1 process x micro-batch 2, accumulated twice: the same global batch of 4
+    and the same BatchNorm batches (BatchNorm normalizes each micro-batch by its own statistics, so one process at
+    micro-batch 4 is a different model by definition; without BatchNorm it is the same, as the detector's test shows)."""
+    common = small_run(masks, "train.max_steps=6", "train.eval_every_steps=6", "train.global_batch_size=4",
+                       "train.micro_batch_size=2", "optim={name: sgd, lr: 0.01, momentum: 0.9}", "data.augment={}")
+    one = tmp_path / "one"
+    assert trainforge.train(trainforge.load_config("segmentation_finetune", common), run_dir=one).status == "completed"
+    two = subprocess.run([sys.executable, "-m", "trainforge", "train", "segmentation_finetune", *common,
+                          "--run-dir", str(tmp_path / "two"), "--nproc-per-node", "2"],
+                         capture_output=True, text=True, timeout=600)
+    assert two.returncode == 0, two.stderr[-3000:]
+    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]
+              for d in (one, tmp_path / "two")]
+    assert len(losses[0]) == len(losses[1]) == 6
+    assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5, losses
