@@ -11,7 +11,7 @@ sides (trainforge through `model.args.pretrained`, the reference by `load_state_
 
 trainforge runs as users run it: `trainforge.train(cfg, run_dir=...)` with `data.source: coco` (the files decoded
 and resized per sample by its loader, 0 workers), SGD with momentum 0.9, a constant learning rate, no clipping, no
-augmentation, fp32 on the CPU. The reference is the loop of torchvision's references/detection (engine.py's
+augmentation, fp32 on the CPU, a train row logged every 10 steps (the default). The reference is the loop of torchvision's references/detection (engine.py's
 train_one_epoch without its first-epoch warmup: `loss_dict = model(images, targets); losses = sum(loss_dict
 .values()); optimizer.zero_grad(); losses.backward(); optimizer.step()`) over a torch DataLoader (0 workers,
 torchvision's `collate_fn` = tuple(zip(*batch))) of a Dataset that decodes the same PNG files with PIL and converts
@@ -28,11 +28,18 @@ Timing: a forward pre-hook on the detector (torchvision's GeneralizedRCNN, the m
 clocks at the start of every training forward; a step is the time from one forward's start to the next one's
 (data, forward, backward, optimizer, the loop's own work). `cpu` (process time, the headline: other jobs do not
 inflate it, and with 1 thread it is the wall time of a quiet machine) and `wall` are both reported. The first
-`--skip` steps of each run are warm-up. The repeats alternate which side runs first (whole runs, one after the
-other). Printed: ratio = median trainforge step / median reference step (goal <= 1.0), both medians, the median of
-the step-by-step ratios (step k of each side had the same batch, so the ratio of the two has the machine's noise
-only, not the batches' different costs) and its spread (a note when it is above 10%: other processes were
-competing), and the largest absolute difference between the two per-step loss curves. Always exits 0: the ratio is a measurement, not a test.
+`--skip` steps of each run are warm-up. Interleaving (`--interleave step`, the default; benchmarks/lockstep.py):
+each repeat runs the two trainings in lockstep, trainforge in the main thread and the reference loop in a second
+one, one step each in turn (the waiting side is blocked, outside its clocks, and keeps its own RNG stream), so step k
+of one is timed right next to step k of the other; the repeats alternate which side steps first. The reference's
+batch order and generator state come from an untimed trainforge run before the repeats (each repeat checks that
+trainforge dealt the same). `--interleave run` runs whole trainings one after the other instead.
+
+Printed: ratio = median trainforge step / median reference step (goal <= 1.0), both medians, the median of the
+step-by-step ratios (step k of each side had the same batch, so the ratio of the two has the machine's noise only,
+not the batches' different costs) and its spread (a note when it is above 10%: other processes were competing), and
+the largest absolute difference between the two per-step loss curves. Always exits 0: the ratio is a measurement,
+not a test.
 """
 from __future__ import annotations
 
@@ -43,6 +50,7 @@ import platform
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -52,12 +60,16 @@ import torch
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # vision_data: the tests' generated shapes
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # lockstep: shared with the other side-by-side benchmarks
 
 import trainforge  # noqa: E402
+from lockstep import Baton, lockstep, relative_iqr  # noqa: E402
 from trainforge.metrics_file import read_metrics  # noqa: E402
 from vision_data import write_shapes  # noqa: E402
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+SIDES = ("trainforge", "torchvision")
+LOG_EVERY_STEPS = 10  # train.log_every_steps' default: the gradient norm is measured on logged steps only
 NOISY_SPREAD = 0.10  # relative interquartile range of step times above which a note says the machine was busy
 # proposals and sampled boxes sized for a few objects an image, as in tests/e2e/test_detection.py
 MODEL_ARGS = {"arch": "fasterrcnn_resnet50_fpn", "backbone": "resnet18", "anchor_sizes": [8, 16, 32, 64, 128],
@@ -66,13 +78,16 @@ MODEL_ARGS = {"arch": "fasterrcnn_resnet50_fpn", "backbone": "resnet18", "anchor
 
 
 class DetectorProbe:
-    """Hooks on torchvision's GeneralizedRCNN, attached at its first training forward (found by a global pre-hook):
-    both clocks at the start of every training forward, the images of each batch, each step's summed loss dict.
-    At the first forward the global RNG state is recorded and, given `rng_state`, replaced."""
+    """Hooks on torchvision's GeneralizedRCNN, attached at its first training forward in this thread (found by a
+    global pre-hook): both clocks at the start of every training forward (the end of the previous step, then, after
+    the other side's step when there is a baton, the start of this one), the images of each batch, each step's summed
+    loss dict. At the first forward the global RNG state is recorded and, given `rng_state`, replaced; with a baton
+    each side keeps its own RNG stream across turns (the two threads share torch's global generator)."""
 
-    def __init__(self, rng_state: Optional[torch.Tensor] = None) -> None:
-        self.rng_state = rng_state
+    def __init__(self, side: str, rng_state: Optional[torch.Tensor] = None, baton: Optional[Baton] = None) -> None:
+        self.side, self.rng_state, self.baton = side, rng_state, baton
         self.starts: dict[str, list[float]] = {c: [] for c in CLOCKS}
+        self.ends: dict[str, list[float]] = {c: [] for c in CLOCKS}
         self.losses: list[float] = []
         self.batches: list[torch.Tensor] = []
         self.first_rng: Optional[torch.Tensor] = None
@@ -81,7 +96,7 @@ class DetectorProbe:
     def __enter__(self) -> "DetectorProbe":
         from torchvision.models.detection.generalized_rcnn import GeneralizedRCNN
 
-        self._cls = GeneralizedRCNN
+        self._cls, self._thread = GeneralizedRCNN, threading.get_ident()
         self._finder = torch.nn.modules.module.register_module_forward_pre_hook(self._find)
         return self
 
@@ -90,31 +105,46 @@ class DetectorProbe:
         for h in self._handles:
             h.remove()
 
+    def _stamp(self, into: dict[str, list[float]]) -> None:
+        for clock, read in CLOCKS.items():
+            into[clock].append(read())
+
     def _find(self, module: torch.nn.Module, args: tuple) -> None:
-        if not (isinstance(module, self._cls) and module.training):
+        if not (isinstance(module, self._cls) and module.training and threading.get_ident() == self._thread):
             return
         self._finder.remove()
         self.first_rng = torch.get_rng_state()
-        if self.rng_state is not None:
-            torch.set_rng_state(self.rng_state)
+        own = self.rng_state if self.rng_state is not None else self.first_rng
+        if self.baton is not None:
+            self.baton.arrive(self.side)
+        torch.set_rng_state(own)
         self._handles += [module.register_forward_pre_hook(lambda m, a: self._start(m, a)),
                           module.register_forward_hook(lambda m, a, o: self._end(m, a, o))]
-        self._start(module, args)
+        self._keep(args)
+        self._stamp(self.starts)  # this call's hooks were collected before ours were added
+
+    def _keep(self, args: tuple) -> None:
+        images = args[0]
+        self.batches.append(torch.stack(list(images)) if isinstance(images, (list, tuple)) else images)
 
     def _start(self, module: torch.nn.Module, args: tuple) -> None:
-        if module.training:
-            for clock, read in CLOCKS.items():
-                self.starts[clock].append(read())
-            images = args[0]
-            self.batches.append(torch.stack(list(images)) if isinstance(images, (list, tuple)) else images)
+        if not module.training:
+            return
+        self._stamp(self.ends)
+        if self.baton is not None:
+            own = torch.get_rng_state()
+            self.baton.hand_over(self.side)
+            torch.set_rng_state(own)
+        self._keep(args)
+        self._stamp(self.starts)
 
     def _end(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
         if module.training:
             self.losses.append(float(sum(v.detach().float() for v in output.values())))
 
     def step_times(self, clock: str, skip: int) -> list[float]:
-        t = self.starts[clock]
-        return [b - a for a, b in zip(t, t[1:])][skip:]
+        """Seconds of each step but the last (it has no next forward to end it), the first `skip` dropped."""
+        return [e - s for s, e in zip(self.starts[clock], self.ends[clock])][skip:]
 
 
 class Shapes(torch.utils.data.Dataset):
@@ -172,15 +202,18 @@ def run_trainforge(root: Path, weights: Path, args: argparse.Namespace, probe: D
                  f"train.micro_batch_size={args.batch_size}", "train.grad_clip_norm=null", "train.precision=fp32",
                  "train.device=cpu", f"train.num_threads={args.threads}", "train.early_stopping=null",
                  f"train.eval_every_steps={args.steps}", f"train.checkpoint_every_steps={args.steps}",
-                 "train.log_every_steps=1", "log.progress=false", "log.tensorboard=false", "log.report=false",
+                 f"train.log_every_steps={LOG_EVERY_STEPS}", "log.progress=false", "log.tensorboard=false", "log.report=false",
                  f"seed={args.seed}"]
     cfg = trainforge.load_config("coco_detection_finetune", overrides)
     with tempfile.TemporaryDirectory(prefix="detection-tf-") as tmp, probe:
         t0 = time.perf_counter()
         result = trainforge.train(cfg, run_dir=Path(tmp) / "run")
         wall_s = time.perf_counter() - t0
-        rows = [r["loss"] for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "train"]
-    assert len(probe.losses) == args.steps and max(abs(a - b) for a, b in zip(rows, probe.losses)) < 1e-5
+        rows = [r for r in read_metrics(result.run_dir / "metrics.jsonl") if r["split"] == "train"]
+    assert len(probe.losses) == args.steps and rows
+    for row in rows:  # each logged loss is the mean of its window's steps: the losses the probe read are trainforge's
+        window = probe.losses[(row["step"] - 1) // LOG_EVERY_STEPS * LOG_EVERY_STEPS: row["step"]]
+        assert abs(statistics.fmean(window) - row["loss"]) < 1e-5 * max(1.0, abs(row["loss"])), (row, window)
     return {"wall_s": wall_s}
 
 
@@ -209,13 +242,6 @@ def run_reference(root: Path, weights: Path, files: list[str], args: argparse.Na
     return {"wall_s": time.perf_counter() - t0}
 
 
-def relative_iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return (q3 - q1) / statistics.median(values)
-
-
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     with tempfile.TemporaryDirectory(prefix="detection-bench-") as tmp:
@@ -229,24 +255,30 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         model, _ = build_detector(info, **MODEL_ARGS, pretrained=False)
         weights = root / "init.pth"
         torch.save(model.state_dict(), weights)
+        # the reference needs the order trainforge deals its batches in and its generator's state at the first step:
+        # an untimed trainforge run learns both (every run of the same seed deals the same; each repeat checks it)
+        warm = DetectorProbe("trainforge")
+        run_trainforge(data, weights, args, warm)
+        order, rng = dealt_files(data, warm), warm.first_rng
         pooled = {c: {"trainforge": [], "torchvision": []} for c in CLOCKS}
         paired: dict[str, list[float]] = {c: [] for c in CLOCKS}  # step k of one side / step k of the other
         rows, max_diff = [], 0.0
         curves: dict[str, list[float]] = {}
         for repeat in range(args.repeats):
-            first = "trainforge" if repeat % 2 == 0 else "torchvision"
-            tf_probe = DetectorProbe()
-            if first == "trainforge":
+            first = SIDES[repeat % 2]
+            baton = Baton(first, SIDES) if args.interleave == "step" else None
+            tf_probe = DetectorProbe("trainforge", baton=baton)
+            ref_probe = DetectorProbe("torchvision", rng_state=rng, baton=baton)
+            if baton is not None:  # lockstep: one step each in turn, `first` first
+                tf, ref = lockstep(baton, lambda: run_trainforge(data, weights, args, tf_probe),
+                                   lambda: run_reference(data, weights, order, args, ref_probe))
+            elif first == "trainforge":
                 tf = run_trainforge(data, weights, args, tf_probe)
-                files = dealt_files(data, tf_probe)
-                ref_probe = DetectorProbe(rng_state=tf_probe.first_rng)
-                ref = run_reference(data, weights, files, args, ref_probe)
-            else:  # the reference needs trainforge's order and generator state: from the previous repeat's run
-                ref_probe = DetectorProbe(rng_state=last_rng)
-                ref = run_reference(data, weights, last_files, args, ref_probe)
+                ref = run_reference(data, weights, order, args, ref_probe)
+            else:
+                ref = run_reference(data, weights, order, args, ref_probe)
                 tf = run_trainforge(data, weights, args, tf_probe)
-                files = dealt_files(data, tf_probe)
-            last_rng, last_files = tf_probe.first_rng, files
+            assert dealt_files(data, tf_probe) == order and torch.equal(tf_probe.first_rng, rng)
             diff = max(abs(a - b) for a, b in zip(tf_probe.losses, ref_probe.losses))
             max_diff = max(max_diff, diff)
             curves = {"trainforge": tf_probe.losses, "torchvision": ref_probe.losses}
@@ -276,7 +308,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "loss_first": {k: v[0] for k, v in curves.items()},
             "loss_last_mean": {k: statistics.fmean(v[-10:]) for k, v in curves.items()},
             "settings": {k: getattr(args, k) for k in ("steps", "skip", "batch_size", "images", "threads", "lr",
-                                                        "repeats", "seed")},
+                                                        "repeats", "seed", "interleave")},
             "machine": {"python": platform.python_version(), "torch": torch.__version__,
                         "platform": platform.platform(), "date": time.strftime("%Y-%m-%d")}}
 
@@ -305,6 +337,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--clock", choices=list(CLOCKS), default="cpu")
+    p.add_argument("--interleave", choices=("step", "run"), default="step",
+                   help="step: the two trainings in lockstep, one step each in turn; run: whole runs one after the other")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     return p.parse_args(argv)

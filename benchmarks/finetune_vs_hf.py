@@ -76,7 +76,10 @@ from transformers import (BertConfig, BertForSequenceClassification, PrinterCall
                           default_data_collator)
 from transformers.optimization import get_cosine_schedule_with_warmup
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # lockstep: shared with the other side-by-side benchmarks
+
 import trainforge
+from lockstep import Baton, lockstep, relative_iqr  # noqa: E402
 from trainforge.config import Config, config_from_dict
 from trainforge.data import build_data
 from trainforge.data.stages.loader import epoch_order
@@ -195,43 +198,6 @@ SIDES = ("trainforge", "hf")
 
 def other(side: str) -> str:
     return SIDES[1 - SIDES.index(side)]
-
-
-class Baton:
-    """`--interleave step`: the two sides' training steps strictly alternate, one thread each (trainforge in the
-    main thread, where it may install its signal handlers), so every trainforge step is timed right next to a
-    Trainer step, under the same machine conditions. A side waits for its turn at the start of each training
-    forward; the wait is outside both clocks (a blocked thread uses no CPU time; wall stamps bracket it)."""
-
-    def __init__(self, first: str) -> None:
-        self.cond = threading.Condition()
-        self.turn, self.arrived, self.done = first, set(), set()
-
-    def _mine(self, side: str) -> bool:
-        return self.turn == side or other(side) in self.done
-
-    def arrive(self, side: str) -> None:
-        """First training forward: wait until the other side has got there too (or has ended), then our turn."""
-        with self.cond:
-            self.arrived.add(side)
-            self.cond.notify_all()
-            self.cond.wait_for(lambda: other(side) in self.arrived | self.done and self._mine(side))
-
-    def wait_arrived(self, side: str) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: side in self.arrived | self.done)
-
-    def hand_over(self, side: str) -> None:
-        with self.cond:
-            self.turn = other(side)
-            self.cond.notify_all()
-            self.cond.wait_for(lambda: self._mine(side))
-
-    def finish(self, side: str) -> None:
-        with self.cond:
-            self.done.add(side)
-            self.turn = other(side)
-            self.cond.notify_all()
 
 
 class StepProbe:
@@ -446,40 +412,12 @@ def run_pair(cfg: Config, inputs: Inputs, bert_dir: Path, *, first: str, interle
                 out[side] = run_hf(cfg, inputs, bert_dir, StepProbe(side, rng_state=tf_rng, keep_weights=keep_weights),
                                    hf_optim)
         return out
-    baton = Baton(first)
+    baton = Baton(first, SIDES)
     tf_probe = StepProbe("trainforge", keep_weights=keep_weights, baton=baton)
-    return lockstep(baton, lambda: run_trainforge(cfg, inputs, tf_probe),
-                    lambda: run_hf(cfg, inputs, bert_dir, StepProbe("hf", rng_state=tf_probe.first_rng,
-                                                                   keep_weights=keep_weights, baton=baton), hf_optim))
-
-
-def lockstep(baton: Baton, trainforge_side: Callable[[], dict[str, Any]],
-             trainer_side: Callable[[], dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Both sides' runs under `baton`: trainforge's in this thread (where it may install its signal handlers), the
-    Trainer's in a second one, started once trainforge has reached its first training forward (one setup at a
-    time; the Trainer's side may then read what trainforge's probe recorded there: its RNG state, its weights).
-    An error on either side ends the other's wait and is raised here."""
-    box: dict[str, Any] = {}
-
-    def second_thread() -> None:
-        try:
-            baton.wait_arrived("trainforge")
-            box["hf"] = trainer_side()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-            box["error"] = e
-        finally:
-            baton.finish("hf")
-
-    thread = threading.Thread(target=second_thread, name="transformers.Trainer", daemon=True)
-    thread.start()
-    try:
-        tf = trainforge_side()
-    finally:
-        baton.finish("trainforge")
-        thread.join()
-    if "error" in box:
-        raise box["error"]
-    return {"trainforge": tf, "hf": box["hf"]}
+    tf, hf = lockstep(baton, lambda: run_trainforge(cfg, inputs, tf_probe),
+                      lambda: run_hf(cfg, inputs, bert_dir, StepProbe("hf", rng_state=tf_probe.first_rng,
+                                                                     keep_weights=keep_weights, baton=baton), hf_optim))
+    return {"trainforge": tf, "hf": hf}
 
 
 # ---------------------------------------------------------------- measure and report
@@ -496,13 +434,6 @@ def lr_check(cfg: Config) -> float:
         opt.step()
         sched.step()
     return diff
-
-
-def relative_iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return (q3 - q1) / statistics.median(values)
 
 
 class Repeats:

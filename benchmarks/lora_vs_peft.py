@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/lora_vs_peft.py                 # table + ratios, about 2 minutes on 2 vCPUs
     .venv/bin/python benchmarks/lora_vs_peft.py --json          # one JSON document with a top-level "ratio"
 
-The structure and the instrument are those of `finetune_vs_hf.py` (its Baton and lockstep runner, step probe,
+The structure and the instrument are those of `finetune_vs_hf.py` (the lockstep runner it shares, step probe,
 clocks, shared config and Trainer settings, per-repeat tally and report table, decay-list and LR checks are
 imported from it); this file says only what differs.
 
@@ -83,9 +83,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tiny_m
 
 import finetune_vs_hf
 import transformers
-from finetune_vs_hf import (CLOCKS, NOISY_SPREAD, SIDES, TEST_FRACTION, VAL_FRACTION, Baton, Repeats,
-                            SameOrderTrainer, StepProbe, lockstep, log, lr_check, machine, repeats_table, run_config,
-                            train_hf, trainer_args, trainforge_decay_names)
+from finetune_vs_hf import (CLOCKS, NOISY_SPREAD, SIDES, TEST_FRACTION, VAL_FRACTION, Repeats, SameOrderTrainer,
+                            StepProbe, log, lr_check, machine, repeats_table, run_config, train_hf, trainer_args,
+                            trainforge_decay_names)
+from lockstep import Baton, lockstep
 from tiny_models import WORDS, bytelevel_tokenizer
 from transformers import (AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Trainer,
                           default_data_collator)
@@ -358,9 +359,9 @@ def run_hf(cfg: Config, inputs: Inputs, llama_dir: Path, lora: dict[str, Any], i
 
 def run_pair(cfg: Config, inputs: Inputs, llama_dir: Path, lora: dict[str, Any], *, first: str,
              hf_optim: str) -> dict[str, dict[str, Any]]:
-    """One repeat in lockstep (finetune_vs_hf's Baton): trainforge in this thread, the Trainer in a second one,
+    """One repeat in lockstep (benchmarks/lockstep.py): trainforge in this thread, the Trainer in a second one,
     which builds its model once trainforge has reached its first forward (its initial adapters and RNG state)."""
-    baton = Baton(first)
+    baton = Baton(first, SIDES)
     tf_probe = LMProbe("trainforge", keep_weights=True, baton=baton)
 
     def trainer_side() -> dict[str, Any]:
@@ -369,7 +370,8 @@ def run_pair(cfg: Config, inputs: Inputs, llama_dir: Path, lora: dict[str, Any],
         return run_hf(cfg, inputs, llama_dir, lora, tf_probe.initial,
                       LMProbe("hf", rng_state=tf_probe.first_rng, keep_weights=True, baton=baton), hf_optim)
 
-    return lockstep(baton, lambda: run_trainforge(cfg, inputs, tf_probe), trainer_side)
+    tf, hf = lockstep(baton, lambda: run_trainforge(cfg, inputs, tf_probe), trainer_side)
+    return {"trainforge": tf, "hf": hf}
 
 
 def measure_memory(cfg: Config, full_cfg: Config, short: Callable[..., Config],

@@ -97,3 +97,22 @@ def save_tiny_llama(path: Path, *, seed: int = 1, chat_template: Optional[str] =
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+# a DETR small enough to train on a CPU in seconds: a 4-stage basic ResNet of 16-128 channels, one encoder and one
+# decoder layer of width 64, 20 queries
+TINY_DETR = dict(backbone_config={"model_type": "resnet", "depths": [1, 1, 1, 1], "hidden_sizes": [16, 32, 64, 128],
+                                  "embedding_size": 16, "layer_type": "basic", "out_features": ["stage4"]},
+                 d_model=64, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                 encoder_attention_heads=2, decoder_attention_heads=2, num_queries=20)
+
+
+def save_tiny_detr(path: Path, *, num_labels: int = 3, seed: int = 1) -> Path:
+    """A DETR object detector with its image processor, as `save_pretrained` writes them (the hub's
+    facebook/detr-resnet-50 folder, scaled down)."""
+    from transformers import AutoModelForObjectDetection, DetrConfig, DetrImageProcessor
+
+    torch.manual_seed(seed)
+    AutoModelForObjectDetection.from_config(DetrConfig(num_labels=num_labels, **TINY_DETR)).save_pretrained(path)
+    DetrImageProcessor().save_pretrained(path)
+    return path

@@ -40,6 +40,7 @@ COMPRESSED = "compressed"  # `trainforge compress`'s default output folder
 CONFIG_TEXT = "config_yaml"  # the key under which a checkpoint, final/model.json and a job carry the config's YAML
 USER_ERROR = ".user_error"  # a launched worker's one-line error, for every node's launcher
 OOM_RESTART = "oom_restart.json"  # the micro-batch that ran out of memory, for the group's restart
+VAL_IMAGES = "val_images.png"  # the first validation images with predictions and truth drawn, at the last evaluation
 SAMPLES = "samples.jsonl"  # a chat run's answers to fixed validation prompts, a line each
 MANIFEST = "manifest.json"  # in final/, a checkpoint, compressed/: the SHA-256 of every file beside it
 STATE = "state.pt"  # in a checkpoint: step, optimizer, RNG states (weights are in model.safetensors)

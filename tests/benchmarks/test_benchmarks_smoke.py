@@ -68,3 +68,21 @@ def test_lora_vs_peft_benchmark_trains_the_same_adapters_on_both_sides(capsys):
     assert doc["max_loss_diff"] < 1e-5, doc["max_loss_diff"]
     assert doc["loss"]["trainforge_last_mean"] != doc["loss"]["trainforge_first"]  # the adapters trained
     assert doc["memory"] is None and doc["memory_ratio"] is None
+
+
+def test_detection_vs_torchvision_benchmark_trains_the_same_detector_on_both_sides(capsys):
+    """A few lockstep steps of trainforge and torchvision's reference loop on the same Faster R-CNN, files, order
+    and generator state: the per-step loss curves are the same to the last bit (they part at the first step with
+    another order, other weights, or a proposal sampled from another RNG state)."""
+    spec = importlib.util.spec_from_file_location("detection_vs_torchvision", BENCH.parent / "detection_vs_torchvision.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rc = module.main(["--repeats", "2", "--steps", "6", "--skip", "1", "--batch-size", "4", "--images", "60",
+                      "--json"])
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"ratio", "by_clock", "max_loss_diff", "repeats", "loss_first"} <= doc.keys()
+    assert [r["first"] for r in doc["repeats"]] == ["trainforge", "torchvision"]
+    assert doc["settings"]["interleave"] == "step" and 0.2 < doc["ratio"] < 5
+    assert doc["max_loss_diff"] == 0.0
+    assert doc["loss_first"]["trainforge"] == doc["loss_first"]["torchvision"]

@@ -302,3 +302,9 @@ def test_map_is_pycocotools_own_on_the_same_detections():
     for k, name in enumerate(("a", "b", "c")):
         p = precision[:, :, k]
         assert ours["per_class"][name]["ap"] == pytest.approx(float(p[p > -1].mean()), abs=1e-4)
+        # the report's precision-recall curve: COCO's interpolated precision at IoU 0.5 at each recall level
+        curve = ours["pr_curves"]["precision"][name]
+        want = [None if v < 0 else v for v in p[0].tolist()]
+        assert [c is None for c in curve] == [w is None for w in want]
+        assert [c for c in curve if c is not None] == pytest.approx([w for w in want if w is not None], abs=1e-4)
+    assert ours["pr_curves"]["recall"] == pytest.approx(evaluation.params.recThrs.tolist())

@@ -59,7 +59,10 @@ def test_a_small_detector_learns_the_shapes_from_each_format(fmt, shapes, tmp_pa
     assert ran["micro_batch_size"] == 8 and "not simulated" in ran["reasons"]["micro_batch_size"]
     val = [r for r in read_metrics(run / "metrics.jsonl") if r["split"] == "val"]
     assert [r["step"] for r in val] == [40, 80] and all("map" in r and "loss" not in r for r in val)
-    assert "map_50" in (run / "report.html").read_text()
+    report = (run / "report.html").read_text()
+    assert "map_50" in report and 'alt="Validation map, map_50, map_75, mar_100"' in report  # mAP over training
+    assert 'alt="Precision-recall per class' in report and 'alt="The first validation images at step 80' in report
+    assert set(ev["pr_curves"]["precision"]) == {"box", "disc"} and all("pr_curves" not in r for r in val)
     if fmt == "coco":  # the command line's eval gives the run's numbers again
         with pytest.raises(SystemExit) as code:
             main(["eval", str(run), "--json"])

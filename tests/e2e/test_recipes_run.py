@@ -54,6 +54,9 @@ ON_FILES = {
     # the recipe's own Faster R-CNN, its "COCO weights" a state dict file of the arch saved here (random values)
     "coco_detection_finetune": lambda f: [f"data.path={f['boxes']}", f"model.args.pretrained={f['detector']}",
                                           "data.args.image_size=96", "train.global_batch_size=2"],
+    # Hugging Face's DETR recipe on a tiny DETR saved with its image processor (the hub folder's layout)
+    "detr_finetune": lambda f: [f"data.path={f['boxes']}", f"model.args.config={f['detr']}", "data.args.image_size=96",
+                                "train.global_batch_size=2"],
     "segmentation_finetune": lambda f: [f"data.path={f['masks']}", f"model.args.pretrained={f['segmenter']}",
                                         f"data.args.classes=[{', '.join(MASK_CLASSES)}]", "data.args.image_size=64",
                                         "train.global_batch_size=2"],
@@ -67,7 +70,7 @@ def test_every_recipe_has_a_scaled_down_run():
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    from tiny_models import corpus, save_tiny_bert, save_tiny_llama
+    from tiny_models import corpus, save_tiny_bert, save_tiny_detr, save_tiny_llama
 
     root = tmp_path_factory.mktemp("files")
     texts = corpus(120)
@@ -103,7 +106,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     torch.save(torchvision.models.get_model("deeplabv3_mobilenet_v3_large", weights=None, weights_backbone=None,
                                             aux_loss=True).state_dict(), segmenter)  # as torchvision's file: an aux head
     return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"), "boxes": root / "shapes" / "coco",
-            "detector": detector, "masks": root / "masks", "segmenter": segmenter,
+            "detector": detector, "detr": save_tiny_detr(root / "detr"), "masks": root / "masks", "segmenter": segmenter,
             "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
             "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
 
@@ -116,10 +119,11 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
 
     recipe = load_config(name)
     assert not Path(recipe.data.path).is_absolute()
-    if recipe.model.name == "hf":
+    vision = recipe.data.source in ("coco", "masks")  # a detector or a segmenter normalizes its images itself
+    if recipe.model.name == "hf" and not vision:
         assert recipe.data.tokenizer == "model"
-    else:  # a detector or a segmenter normalizes its images itself, as its weights expect
-        assert recipe.data.normalize == ("none" if recipe.model.name in ("detector", "segmenter") else "model")
+    else:
+        assert recipe.data.normalize == ("none" if vision else "model")
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as code:
         main(["train", name, *COMMON, *ON_FILES[name](files), "--run-dir", str(run), "--json"])
@@ -128,8 +132,13 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     assert doc["status"] == "completed" and doc["steps"] == 2
     ev = json.loads((run / "eval.json").read_text())
     assert_listed_task(name, run)
-    if recipe.model.name == "detector":  # COCO's metrics, no loss (a detector in eval mode gives detections)
+    if recipe.data.source == "coco":  # COCO's metrics, no loss (a detector in eval mode gives detections)
         assert "loss" not in ev and all(0 <= ev[k] <= 1 for k in ("map", "map_50", "map_75"))
+        if recipe.model.name == "hf":  # final/hf: the model and its image processor, as transformers loads them
+            from transformers import AutoImageProcessor
+
+            assert AutoConfig.from_pretrained(run / "final" / "hf").model_type == "detr"
+            assert type(AutoImageProcessor.from_pretrained(run / "final" / "hf")).__name__.startswith("Detr")
         return
     assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
     if recipe.model.name == "segmenter":  # mIoU and the rest, per class too

@@ -38,7 +38,8 @@ def test_a_segmenter_learns_the_shapes_and_its_onnx_masks_agree_with_pytorch(tmp
     assert ev["miou"] > 0.6 and ev["dice"] > 0.7, ev  # untrained: everything background, mIoU about 0.3
     assert set(ev["per_class"]) == set(MASK_CLASSES) and ev["per_class"]["disc"]["iou"] > 0.3
     ran = json.loads((run / "final" / "model.json").read_text())["ran"]
-    assert "predicted peak" in ran["reasons"]["micro_batch_size"]  # the planner simulated the segmenter's step
+    assert "predicted peak" in ran["reasons"]["micro_batch_size"]
+    assert Image.open(run / "val_images.png").size == (3 * 192 + 8, 4 * 192 + 12)  # image, true, predicted; 4 rows  # the planner simulated the segmenter's step
 
     with pytest.raises(SystemExit) as code:
         main(["compress", str(run), "--bench-seconds", "0.2", "--calibration-samples", "16", "--json"])

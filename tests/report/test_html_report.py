@@ -159,3 +159,35 @@ def test_log_report_false_writes_no_report_and_runs_report_writes_it_later(tmp_p
     err = capsys.readouterr().err.strip()
     assert refused.value.code == 2 and "not a run directory" in err and "\n" not in err
     assert list((tmp_path / "not-a-run").iterdir()) == []
+
+
+def test_a_detection_run_gets_its_pr_curves_and_per_class_ap(tmp_path):
+    """eval.json's pr_curves (tasks/detection.py) drawn as one chart; the per-class table shows the statistics the
+    classes have (a detector's ap), not classification's columns; a malformed pr_curves is a note."""
+    run = tmp_path / "det"
+    run.mkdir()
+    recall = [i / 100 for i in range(101)]
+    ev = {"split": "test", "map": 0.5, "map_50": 0.8, "per_class": {"car": {"ap": 0.6}, "<ped>": {"ap": None}},
+          "pr_curves": {"iou": 0.5, "recall": recall, "precision": {"car": [1.0 - r / 2 for r in recall],
+                                                                    "<ped>": [None] * 101}}}
+    (run / "eval.json").write_text(json.dumps(ev))
+    html = write_report(run).read_text()
+    assert 'alt="Precision-recall per class, test split (IoU 0.5)"' in html
+    table = html[html.index('id="per-class"'):]
+    assert "<th>ap</th>" in table and "<th>f1</th>" not in table and "&lt;ped&gt;" in table
+    ev["pr_curves"]["precision"]["car"] = [1.0]  # shorter than recall
+    (run / "eval.json").write_text(json.dumps(ev))
+    assert "pr_curves in eval.json is not a recall list" in write_report(run).read_text()
+
+
+def test_the_validation_picture_is_embedded_with_its_step(tmp_path):
+    from PIL import Image
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "val", "step": 40, "map": 0.5}) + "\n")
+    Image.fromarray(np.zeros((8, 16, 3), np.uint8)).save(run / "val_images.png")
+    html = write_report(run).read_text()
+    assert 'alt="The first validation images at step 40' in html
+    (run / "val_images.png").write_bytes(b"<svg onload=alert(1)>")
+    assert "val_images.png is not a PNG." in write_report(run).read_text()

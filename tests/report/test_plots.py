@@ -103,3 +103,24 @@ def test_micro_batch_changes_are_marked_on_the_loss_curve():
     assert sorted(line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":") == [3.0, 5.0]
     steady = [dict(r, micro_batch_size=32) for r in rows if r["split"] == "train"]
     assert micro_batch_changes(steady) == [] and not dict(training_figures(steady))["Loss"].axes[0].texts
+
+
+def test_a_detector_and_a_segmenter_get_their_own_metrics_charted():
+    """The task's chart_metrics over training (a detector's mAP, a segmenter's mIoU), on a 0..1 axis."""
+    detection = [{"split": "train", "step": 1, "loss": 2.0},
+                 {"split": "val", "step": 1, "map": 0.1, "map_50": 0.3, "map_75": 0.05, "mar_100": 0.2},
+                 {"split": "val", "step": 2, "map": 0.4, "map_50": 0.7, "map_75": 0.35, "mar_100": 0.5}]
+    figures = dict(training_figures(detection))
+    assert list(figures) == ["Loss", "Validation map, map_50, map_75, mar_100"]
+    ax = figures["Validation map, map_50, map_75, mar_100"].axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["map", "map_50", "map_75", "mar_100"]
+    assert list(ax.get_lines()[1].get_ydata()) == [0.3, 0.7] and ax.get_ylim() == (0.0, 1.02)
+    segmentation = [{"split": "val", "step": 1, "loss": 0.5, "miou": 0.6, "dice": 0.7, "pixel_accuracy": 0.9}]
+    assert "Validation miou, dice, pixel_accuracy" in dict(training_figures(segmentation))
+
+
+def test_pr_curves_png_draws_a_line_per_class_and_skips_unreached_recall():
+    from trainforge.report.plots import pr_curves_png
+
+    png = pr_curves_png([0.0, 0.5, 1.0], {"car": [1.0, 0.8, None], "$x$": [None, None, None]}, "PR")
+    assert png.startswith(PNG_SIGNATURE)

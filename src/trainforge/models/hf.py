@@ -55,6 +55,7 @@ class Head:
     labels: bool = False  # told the data's classes (num_labels, id2label)
     pads: bool = False  # masks the data's padding id (text classification finds each sequence's last token by it)
     causal: bool = False  # next-token logits (token ids, or ids and restarting position ids stacked)
+    detects: bool = False  # an object detector: wrapped in torchvision's detection convention (HFDetector)
 
 
 # (task, input dtype, input dims or None for any) -> the head: the tasks the hf family serves
@@ -62,6 +63,7 @@ HEADS = {
     ("lm", "int64", None): Head("AutoModelForCausalLM", causal=True),
     ("classification", "int64", 1): Head("AutoModelForSequenceClassification", labels=True, pads=True),
     ("classification", "float32", 3): Head("AutoModelForImageClassification", labels=True),
+    ("detection", "float32", 3): Head("AutoModelForObjectDetection", labels=True, detects=True),
 }
 
 
@@ -71,7 +73,7 @@ def head_for(info: DataInfo) -> Optional[Head]:
 
 
 HF_DATA = DataFit(
-    "text classification (int64 tokens), image classification (float C,H,W) or language modelling",
+    "text classification (int64 tokens), image classification or detection (float C,H,W) or language modelling",
     lambda info: head_for(info) is not None, tuple(sorted({task for task, _, _ in HEADS})),
 )
 
@@ -122,6 +124,74 @@ class HFModel(nn.Module):
         self.model.save_pretrained(str(directory))
 
 
+class HFDetector(nn.Module):
+    """A transformers object detector (DETR, conditional DETR, RT-DETR ...) in torchvision's detection convention,
+    which the detection task speaks (tasks/detection.py): training mode `model(images, targets)` -> {"loss": the
+    model's own weighted sum of its matching losses}; eval mode `model(images)` -> per image {"boxes" xyxy in the
+    input's pixels, "scores", "labels"}, by the model's image processor's `post_process_object_detection`.
+
+    Images (B, 3, H, W) in [0, 1] (or a list of same-size ones) are normalized here by the processor's mean and std
+    (its resizing is the data's: data.args.image_size); targets' xyxy pixel boxes become the normalized (cx, cy, w, h)
+    transformers' detection losses take. The classes are the data's, background (0) included: the model never sees
+    a box of class 0, and a query whose best class is 0 is not reported."""
+
+    def __init__(self, model: nn.Module, processor: Any) -> None:
+        super().__init__()
+        self.model, self.processor = model, processor
+        self.register_buffer("mean", torch.tensor(processor.image_mean, dtype=torch.float32).view(1, -1, 1, 1),
+                             persistent=False)
+        self.register_buffer("std", torch.tensor(processor.image_std, dtype=torch.float32).view(1, -1, 1, 1),
+                             persistent=False)
+
+    def forward(self, images: Any, targets: Optional[list[dict[str, torch.Tensor]]] = None) -> Any:
+        x = torch.stack(list(images)) if isinstance(images, (list, tuple)) else images
+        height, width = x.shape[-2:]
+        x = (x - self.mean) / self.std
+        if self.training:
+            if targets is None:
+                raise ValueError("a detector in training mode takes the targets: model(images, targets)")
+            from torchvision.ops import box_convert
+
+            scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=x.device)
+            labels = [{"class_labels": t["labels"], "boxes": box_convert(t["boxes"].float(), "xyxy", "cxcywh") / scale}
+                      for t in targets]
+            return {"loss": self.model(pixel_values=x, labels=labels).loss}
+        out = self.model(pixel_values=x)
+        found = self.processor.post_process_object_detection(out, threshold=0.0,
+                                                             target_sizes=[(height, width)] * len(x))
+        return [{k: f[k][f["labels"] != 0] for k in ("boxes", "scores", "labels")} for f in found]
+
+    def native_formats(self) -> dict[str, Callable[[Path], None]]:
+        return {NATIVE_FOLDER: self.save_native}
+
+    def save_native(self, directory: Path) -> None:
+        """The model and its image processor in transformers' own format: `AutoModelForObjectDetection` and
+        `AutoImageProcessor.from_pretrained(directory)` load them."""
+        with no_progress_bars():
+            self.model.save_pretrained(str(directory))
+        self.processor.save_pretrained(str(directory))
+
+
+def image_processor(hf_config: Any, source: Optional[str], trust_remote_code: bool) -> Any:
+    """The model's image processor: the pretrained model's own (its preprocessor_config.json), else the default one
+    of its model type (a model built from a config alone)."""
+    from transformers import AutoImageProcessor
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+
+    if source is not None:
+        return from_hub(AutoImageProcessor.from_pretrained, source, "image processor", field=FIELD,
+                        trust_remote_code=trust_remote_code)
+    names = IMAGE_PROCESSOR_MAPPING_NAMES.get(hf_config.model_type)
+    if not names:
+        raise UserError(f"model.args.config: transformers has no image processor for model_type "
+                        f"{hf_config.model_type!r}; name a pretrained detector in model.args.pretrained")
+    import transformers
+
+    name = names.get("torchvision") or names.get("pil") if isinstance(names, dict) else \
+        next(n for n in names if n is not None)
+    return getattr(transformers, name)()
+
+
 @contextlib.contextmanager
 def no_progress_bars() -> Iterator[None]:
     """Without transformers' "Loading weights" and "Writing model shards" bars: the run's own console says what
@@ -153,8 +223,8 @@ def quiet_load(load: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 @register_model("hf", fits=HF_DATA)
 def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, dict, None] = None,
        pad_token_id: Optional[int] = None, trust_remote_code: bool = False) -> tuple[nn.Module, InputSpec]:
-    """pretrained: a hub id or a local directory, or false; config (with pretrained false): an id, a directory
-    or an inline dict with `model_type`; pad_token_id: the padding id of text-classification inputs (default:
+    """pretrained: a hub id or a local directory, or false (true with `config` an id or a directory: that model's
+    weights); config (with pretrained false): an id, a directory or an inline dict with `model_type`; pad_token_id: the padding id of text-classification inputs (default:
     the data's, else the model's, else 0); trust_remote_code: let a model whose classes are its own code (auto_map)
     run that code (off: such a model is one line saying so; on: one warning naming the files)."""
     if not isinstance(trust_remote_code, bool):
@@ -162,6 +232,8 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
     import transformers  # heavy (~3 s): only hf models load it
     from transformers import AutoConfig
 
+    if pretrained is True and isinstance(config, str):  # the weights of the model `config` names (a recipe's default)
+        pretrained, config = config, None
     if pretrained is True:
         raise UserError("model.args.pretrained: name the weights (a hub id or a local directory), or false with "
                         "model.args.config for random weights")
@@ -206,6 +278,8 @@ def hf(info: DataInfo, pretrained: Union[str, bool] = False, config: Union[str, 
                 auto.from_pretrained, source, "weights", field=FIELD, config=hf_config, ignore_mismatched_sizes=True,
                 trust_remote_code=trust, output_loading_info=True), source, FIELD)
             _check_weights_fit(model, loading, source)
+    if head_of_task.detects:
+        return HFDetector(model, image_processor(hf_config, source, trust)), input_spec(info)
     return (HFModel(model, pad_token_id=pad if head_of_task.pads else None, images=images,
                     causal=head_of_task.causal), input_spec(info))
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from trainforge.errors import UserError
 from trainforge.files import write_text_atomic
-from trainforge.report.plots import confusion_matrix_png, training_charts
+from trainforge.report.plots import confusion_matrix_png, pr_curves_png, training_charts
 from trainforge.metrics_file import read_metrics
-from trainforge.layout import CONFIG, DATA_REPORT, EVAL, METRICS, REPORT, SAMPLES
+from trainforge.layout import CONFIG, DATA_REPORT, EVAL, METRICS, REPORT, SAMPLES, VAL_IMAGES
 
 REPORT_NAME = REPORT
 _MAX_VALUE_CHARS = 300  # long lists in data_report.json (e.g. per-channel stats) are cut here
@@ -63,6 +63,10 @@ def write_report(run_dir: Path, extra_sections: Sequence[tuple[str, str]] = ()) 
     ]
     if eval_json is not None and "confusion_matrix" in eval_json:
         sections.append(("confusion", "Confusion matrix", _confusion_section(eval_json)))
+    if (run_dir / VAL_IMAGES).is_file():
+        sections.append(("val-images", "Validation images", _val_images_section(run_dir / VAL_IMAGES, rows)))
+    if eval_json is not None and isinstance(eval_json.get("pr_curves"), Mapping):
+        sections.append(("pr-curves", "Precision-recall curves", _pr_section(eval_json["pr_curves"])))
     if eval_json is not None and isinstance(eval_json.get("per_class"), Mapping):
         sections.append(("per-class", "Per-class report", _per_class_table(eval_json["per_class"])))
     samples, _ = _read_rows(run_dir / SAMPLES_FILE)
@@ -147,8 +151,45 @@ def _confusion_section(eval_json: dict) -> str:
                    confusion_matrix_png(counts, [str(x) for x in names]))
 
 
+def _val_images_section(path: Path, rows: list[dict]) -> str:
+    """The task's picture of the first validation images at the last evaluation (training/evaluate.py)."""
+    try:
+        png = path.read_bytes()
+    except OSError as e:
+        return note(f"{path.name} could not be read: {e.strerror}")
+    if not png.startswith(b"\x89PNG"):
+        return note(f"{path.name} is not a PNG.")
+    steps = [r.get("step") for r in rows if r.get("split") == "val"]
+    at = f" at step {steps[-1]}" if steps and _is_number(steps[-1]) else ""
+    return figure(f"The first validation images{at}: true in green, predicted in red (masks: image, true, "
+                  "predicted)", png)
+
+
+def _pr_section(curves: Mapping[str, Any]) -> str:
+    """eval.json's `pr_curves` ({"iou", "recall": [...], "precision": {class: [... or null]}}): one chart, a line
+    per class."""
+    recall, precision = curves.get("recall"), curves.get("precision")
+    if not isinstance(recall, list) or not isinstance(precision, Mapping) or not all(
+            isinstance(v, list) and len(v) == len(recall) for v in precision.values()):
+        return note("pr_curves in eval.json is not a recall list with a precision list of the same length per class.")
+    try:
+        points = [float(r) for r in recall]
+        lines = {str(k): [None if p is None else float(p) for p in v] for k, v in precision.items()}
+    except (TypeError, ValueError):
+        return note("pr_curves in eval.json holds values that are not numbers.")
+    iou = curves.get("iou")
+    title = f"Precision-recall per class, test split (IoU {iou})" if _is_number(iou) else "Precision-recall per class"
+    return figure(title, pr_curves_png(points, lines, title))
+
+
 def _per_class_table(per_class: Mapping[str, Any]) -> str:
-    columns = ["precision", "recall", "f1", "support"]
+    """A row per class, a column per statistic the classes report (precision, recall, f1, support; a detector's
+    ap; a segmenter's iou and dice), in the order they first appear."""
+    columns: list[str] = []
+    for stats in per_class.values():
+        for key in stats if isinstance(stats, Mapping) else ():
+            if key not in columns:
+                columns.append(str(key))
     head = "<tr><th>class</th>" + "".join(f"<th>{c}</th>" for c in columns) + "</tr>"
     body = []
     for name, stats in per_class.items():

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, ScalarFormatter
 
 from trainforge.metrics_file import Series, metric_series  # noqa: F401  (re-exported: the charts' input)
+from trainforge.tasks import TASKS
 
 _DPI = 100
 _LINE_FIGSIZE_IN = (6.4, 3.6)
@@ -130,6 +131,10 @@ def training_figures(rows: Sequence[Mapping]) -> list[tuple[str, Figure]]:
         {"accuracy": metric_series(rows, "val", "accuracy"), "macro_f1": metric_series(rows, "val", "macro_f1")},
         ylim=(0.0, 1.02))
     add("Validation perplexity", "perplexity", {"perplexity": metric_series(rows, "val", "perplexity")}, logy=True)
+    for task in map(TASKS.get, TASKS.names()):  # a task's own fractions (a detector's mAP, a segmenter's mIoU), where rows have them
+        if task.chart_metrics:
+            add(f"Validation {', '.join(task.chart_metrics)}", "score",
+                {m: metric_series(rows, "val", m) for m in task.chart_metrics}, ylim=(0.0, 1.02))
     add("Learning rate", "lr", {"lr": metric_series(rows, "train", "lr")})
     add("Throughput", "samples/s", {"samples/s": metric_series(rows, "train", "samples_per_s")})
     memory = metric_series(rows, "train", "peak_mem_bytes")
@@ -139,6 +144,27 @@ def training_figures(rows: Sequence[Mapping]) -> list[tuple[str, Figure]]:
         values = [v / unit_bytes for v in memory[1]]
         add("Peak memory", unit, {"peak memory": (memory[0], values)}, ylim=(0.0, 1.1 * max(values)), plain_y=True)
     return charts
+
+
+def pr_curves_png(recall: Sequence[float], precision: Mapping[str, Sequence[Optional[float]]], title: str) -> bytes:
+    """Precision against recall, a line per class (a None precision: recall never reached, not drawn)."""
+    fig = Figure(figsize=(5.2, 4.2), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for name, values in precision.items():
+        points = [(r, p) for r, p in zip(recall, values) if p is not None]
+        if points:
+            ax.plot(*zip(*points), linewidth=1.5, label=str(name))
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if precision:
+        for text in ax.legend(fontsize=8).get_texts():  # class names as plain text, never TeX
+            text.set_parse_math(False)
+    return _png(fig)
 
 
 def micro_batch_changes(rows: Sequence[Mapping]) -> list[tuple[float, str]]:

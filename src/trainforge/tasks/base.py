@@ -73,6 +73,11 @@ class Task:
     simulation_refusal: Optional[str] = None
     ordered_splits: bool = False
     token_augmentation: bool = False
+    # the validation metrics (fractions, higher is better) the run report charts over training, on one 0..1 axis,
+    # beside the loss: a detector's mAP, a segmenter's mIoU (classification's and perplexity's charts are the report's)
+    chart_metrics: tuple[str, ...] = ()
+    # detailed results too large for every validation row of metrics.jsonl: eval.json (the final test) only
+    final_only: tuple[str, ...] = ()
     quality: tuple[str, str, str] = ("loss", "loss", "test loss")
 
     # ---- metrics
@@ -218,6 +223,12 @@ class Evaluation:
     def result(self, detailed: bool) -> dict[str, Any]:
         """The task's metrics (the loss is reported by the caller); `detailed`: per-class tables and the like."""
         return {}
+
+    def picture(self) -> Optional[np.ndarray]:
+        """The pass's first images (the same ones each evaluation: the split is not shuffled) with what the model
+        predicted and what is true drawn on them, as one (H, W, 3) uint8 grid, for a task where a picture helps (a
+        detector's boxes, a segmenter's masks): the run report's validation images. None by default."""
+        return None
 
 
 def mean_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:

@@ -38,6 +38,8 @@ OUTPUTS = ("boxes", "scores", "labels")
 SERVED_DETECTIONS = 100
 PADDING_LABEL = -1
 SHOWN_SCORE = 0.5  # predict's `objects` counts and drawn boxes: the detections scoring at least this
+PICTURED = 8  # validation images in the report's grid (4 a row), each drawn at TILE_PX on its longer side
+TILE_PX = 256
 
 
 @register_task
@@ -51,6 +53,8 @@ class Detection(Task):
     quality = ("map_50", "mAP@.5", "test mAP at IoU 0.5")
     simulation_refusal = ("a detector picks its proposals and matches its boxes by their values (nonzero, nms), which "
                           "fake tensors cannot follow")
+    chart_metrics = ("map", "map_50", "map_75", "mar_100")
+    final_only = ("pr_curves",)  # 101 precisions a class
     export_batch_size = 1  # the graph takes one image; serve calls it once per image
     prediction_columns = ("objects",)
 
@@ -197,8 +201,11 @@ class DetectionEvaluation(Evaluation):
         self.class_names = class_names
         self.predictions: list[dict[str, "torch.Tensor"]] = []
         self.targets: list[dict[str, "torch.Tensor"]] = []
+        self.images: list["torch.Tensor"] = []  # the first PICTURED images, for `picture`
 
     def add_batch(self, output: list[dict[str, "torch.Tensor"]], batch: Any) -> None:
+        for image in list(batch[0])[:max(PICTURED - len(self.images), 0)]:
+            self.images.append(image.detach().float().cpu())
         for found, want in zip(output, batch[1]):
             self.count += 1
             self.predictions.append({k: found[k].detach().float().cpu() if k != "labels" else found[k].cpu()
@@ -211,6 +218,34 @@ class DetectionEvaluation(Evaluation):
 
     def result(self, detailed: bool) -> dict[str, Any]:
         return coco_metrics(self.predictions, self.targets, self.class_names, per_class=detailed)
+
+    def picture(self) -> Optional[np.ndarray]:
+        """The first images, true boxes in green, predicted ones (scoring at least SHOWN_SCORE) in red with class
+        and score, 4 a row."""
+        import torch
+        import torch.nn.functional as F
+        from torchvision.utils import draw_bounding_boxes, make_grid
+
+        tiles = []
+        for image, found, want in zip(self.images, self.predictions, self.targets):
+            scale = TILE_PX / max(image.shape[-2:])
+            size = [round(image.shape[-2] * scale), round(image.shape[-1] * scale)]
+            rgb = image[:3] if image.shape[0] >= 3 else image[:1].expand(3, -1, -1)
+            lo, hi = float(rgb.min()), float(rgb.max())
+            rgb = F.interpolate(((rgb - lo) / max(hi - lo, 1e-6))[None], size=size, mode="bilinear")[0]
+            tile = (rgb.clamp(0, 1) * 255).to(torch.uint8)
+            if len(want["boxes"]):  # an image without objects (a negative) has none to draw
+                tile = draw_bounding_boxes(tile, want["boxes"] * scale, colors="lime", width=2)
+            shown = found["scores"] >= SHOWN_SCORE
+            names = [self.class_names[c] if 0 <= c < len(self.class_names) else str(c)
+                     for c in found["labels"][shown].tolist()]
+            labels = [f"{n} {s:.2f}" for n, s in zip(names, found["scores"][shown].tolist())]
+            if labels:
+                tile = draw_bounding_boxes(tile, found["boxes"][shown] * scale, labels=labels, colors="red", width=2)
+            tiles.append(tile)
+        if not tiles or any(t.shape != tiles[0].shape for t in tiles):
+            return None
+        return make_grid(tiles, nrow=4, padding=4, pad_value=255).permute(1, 2, 0).numpy()
 
 
 def coco_metrics(predictions: list[dict[str, "torch.Tensor"]], targets: list[dict[str, "torch.Tensor"]],
@@ -225,7 +260,7 @@ def coco_metrics(predictions: list[dict[str, "torch.Tensor"]], targets: list[dic
     # sync_on_compute off: evaluation runs on rank 0 alone (every pass's detections are here); torchmetrics' default
     # would wait for the other ranks of an initialized process group to gather theirs, forever
     metric = MeanAveragePrecision(box_format="xyxy", iou_type="bbox", backend="pycocotools", class_metrics=per_class,
-                                  sync_on_compute=False)
+                                  extended_summary=per_class, sync_on_compute=False)
     with warnings.catch_warnings():  # "encountered more than 100 detections": COCO's max_dets, as intended
         warnings.simplefilter("ignore")
         metric.update(predictions, targets)
@@ -234,9 +269,24 @@ def coco_metrics(predictions: list[dict[str, "torch.Tensor"]], targets: list[dic
     if per_class:
         classes = values["classes"].reshape(-1).tolist()
         maps = values["map_per_class"].reshape(-1).tolist()
-        out["per_class"] = {(class_names[c] if 0 <= c < len(class_names) else str(c)): {"ap": _value(ap)}
-                            for c, ap in zip(classes, maps)}
+        names = [class_names[c] if 0 <= c < len(class_names) else str(c) for c in classes]
+        out["per_class"] = {name: {"ap": _value(ap)} for name, ap in zip(names, maps)}
+        out["pr_curves"] = pr_curves(values["precision"], names)
     return out
+
+
+# the recall levels COCO interpolates precision at (COCOeval's recThrs: 0, 0.01, ..., 1)
+RECALL_LEVELS = tuple(round(i / 100, 2) for i in range(101))
+
+
+def pr_curves(precision: Any, names: list[str]) -> dict[str, Any]:
+    """Per class, COCO's interpolated precision at each of RECALL_LEVELS, at IoU 0.5, over objects of every size and
+    up to 100 detections an image (COCOeval's precision array [T, R, K, A, M] at T=0.5, A=all, M=100); None where the
+    class has no such recall (COCO's -1). eval.json's `pr_curves`, the report's precision-recall chart."""
+    at_50 = precision[0, :, :, 0, -1]  # (recall levels, classes)
+    curves = {name: [None if v < 0 else round(float(v), 4) for v in at_50[:, k].tolist()]
+              for k, name in enumerate(names) if k < at_50.shape[1]}
+    return {"iou": 0.5, "recall": list(RECALL_LEVELS), "precision": curves}
 
 
 def _value(tensor: Any) -> Optional[float]:

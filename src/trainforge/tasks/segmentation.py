@@ -18,6 +18,8 @@ from trainforge.tasks.base import Evaluation, Task, register_task
 
 IGNORE = 255  # a mask value that is no class: left out of the loss and the metrics (VOC's "void")
 METRICS = ("loss", "miou", "dice", "pixel_accuracy")
+PICTURED = 4  # validation images in the report's picture: a row each (image, true mask, predicted mask)
+TILE_PX = 192
 
 
 @register_task
@@ -30,6 +32,7 @@ class Segmentation(Task):
     higher_is_better = frozenset(("miou", "dice", "pixel_accuracy"))
     quality = ("miou", "mIoU", "test mIoU")
     prediction_columns = ("classes",)
+    chart_metrics = ("miou", "dice", "pixel_accuracy")
 
     def loss(self, output, target, *, label_smoothing=0.0, reduction="mean"):
         import torch.nn.functional as F
@@ -133,6 +136,12 @@ class SegmentationEvaluation(Evaluation):
         super().__init__(task)
         self.names = names
         self.cm = np.zeros((len(names), len(names)), dtype=np.int64)
+        self.kept: list[tuple[Any, Any, Any]] = []  # (image, true mask, predicted mask) of the first PICTURED
+
+    def add_batch(self, output, batch) -> None:
+        for image, mask, logits in list(zip(batch[0], batch[1], output))[:max(PICTURED - len(self.kept), 0)]:
+            self.kept.append((image.detach().float().cpu(), mask.cpu(), logits.detach().argmax(0).cpu()))
+        super().add_batch(output, batch)
 
     def add(self, output, target) -> None:
         self.loss_sum += float(self.task.loss(output, target, reduction="sum"))
@@ -143,6 +152,31 @@ class SegmentationEvaluation(Evaluation):
     @property
     def mean_loss(self) -> Optional[float]:
         return self.loss_sum / self.count if self.count else None
+
+    def picture(self) -> Optional[np.ndarray]:
+        """A row per image: the image, the true mask, the predicted mask (VOC's palette; unlabelled pixels white)."""
+        import torch
+        import torch.nn.functional as F
+
+        colours = np.concatenate([palette(len(self.names)), np.zeros((256 - len(self.names), 3), np.uint8)])
+        colours[IGNORE] = 255
+        rows = []
+        for image, mask, predicted in self.kept:
+            scale = TILE_PX / max(image.shape[-2:])
+            size = [round(image.shape[-2] * scale), round(image.shape[-1] * scale)]
+            rgb = image[:3] if image.shape[0] >= 3 else image[:1].expand(3, -1, -1)
+            lo, hi = float(rgb.min()), float(rgb.max())
+            rgb = F.interpolate(((rgb - lo) / max(hi - lo, 1e-6))[None], size=size, mode="bilinear")[0]
+            tiles = [np.uint8(255 * rgb.clamp(0, 1).permute(1, 2, 0).numpy())]
+            for m in (mask, predicted):
+                big = F.interpolate(m[None, None].float(), size=size, mode="nearest")[0, 0].long()
+                tiles.append(colours[big.clamp(0, 255).numpy()])
+            gap = np.full((size[0], 4, 3), 255, np.uint8)
+            rows.append(np.concatenate([tiles[0], gap, tiles[1], gap, tiles[2]], axis=1))
+        if not rows or any(r.shape != rows[0].shape for r in rows):
+            return None
+        gap = np.full((4, rows[0].shape[1], 3), 255, np.uint8)
+        return np.concatenate([part for r in rows for part in (r, gap)][:-1], axis=0)
 
     def result(self, detailed: bool) -> dict[str, Any]:
         scores = scores_of(self.cm)

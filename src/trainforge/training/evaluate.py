@@ -33,9 +33,11 @@ def evaluate_model(
     device: torch.device,
     precision: str = "fp32",
     detailed: bool = True,
+    picture: Optional[Path] = None,
 ) -> dict[str, Any]:
     """Mean loss (no label smoothing) and the task's metrics; `detailed` adds the task's detail (classification:
-    per-class report and confusion matrix)."""
+    per-class report and confusion matrix). `picture`: where the task's picture of the pass goes (a PNG, replaced
+    whole), for a task that draws one (a detector's boxes on the first images)."""
     was_training = model.training
     model.eval()
     task = task_of(info)
@@ -48,9 +50,23 @@ def evaluate_model(
     model.train(was_training)
     if evaluation.count == 0:
         raise UserError("the evaluation split is empty; raise data.val_fraction / data.test_fraction")
+    if picture is not None:
+        drawn = evaluation.picture()
+        if drawn is not None:
+            save_png(drawn, picture)
     loss = evaluation.mean_loss
     return {**({"loss": loss} if loss is not None else {}), "num_samples": len(loader.dataset),
             **evaluation.result(detailed)}
+
+
+def save_png(picture: Any, path: Path) -> None:
+    """An (H, W, 3) uint8 array as a PNG at `path`, written beside it and renamed into place (a reader never sees
+    half a picture)."""
+    from PIL import Image
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    Image.fromarray(picture, mode="RGB").save(tmp, format="PNG")
+    tmp.replace(path)
 
 
 def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[str] = None, *,

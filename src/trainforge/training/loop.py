@@ -51,7 +51,7 @@ from trainforge.engine.signals import StopFlag
 from trainforge.errors import JobFailed
 from trainforge.files import write_text_atomic
 from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
-from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, SAMPLES, TENSORBOARD
+from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, SAMPLES, TENSORBOARD, VAL_IMAGES
 from trainforge.models.lora import base_reference
 from trainforge.training.artifacts import info_to_dict, save_final_model
 from trainforge.training.evaluate import evaluate_model
@@ -198,7 +198,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             # evaluate: val row, early stopping, best weights, a tuner's verdict
             if done % setup.eval_every_steps == 0 or done == setup.total_steps:
                 evaluate_and_track(state, model, strategy, val_loader, info, metrics, progress, hooks.on_eval,
-                                   samples=answers)
+                                   samples=answers, picture=run_dir / VAL_IMAGES)
 
             # checkpoint when due (not amid a run of non-finite losses), at the end, on a signal, on early stop
             due = (done % setup.checkpoint_every_steps == 0 or done == setup.total_steps) and state.bad_steps_in_row == 0
@@ -310,7 +310,8 @@ def skip_step(state: TrainState, loss: float, step: int, max_bad_steps: int, run
 
 def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, val_loader, info: DataInfo,
                        metrics, progress: TrainProgress, on_eval: Optional[Callable[[int, dict], bool]],
-                       samples: Optional[Callable[[nn.Module, int], None]] = None) -> None:
+                       samples: Optional[Callable[[nn.Module, int], None]] = None,
+                       picture: Optional[Path] = None) -> None:
     """Evaluate on rank 0 (on every rank under FSDP, whose forward is a collective, and rank 0's numbers are
     then everyone's): val row, a chat run's answers to fixed validation prompts (`samples`), early stopping and
     best weights, a tuner's verdict; every rank ends with rank 0's status."""
@@ -318,10 +319,12 @@ def evaluate_and_track(state: TrainState, model: nn.Module, strategy: Strategy, 
     env = setup.env
     if env.is_main or strategy.every_rank_evaluates:
         with state.ema.swapped_in(model) if state.ema else contextlib.nullcontext(), strategy.evaluating(model):
-            val = evaluate_model(model, val_loader, info=info, device=setup.device, precision=setup.precision)
+            val = evaluate_model(model, val_loader, info=info, device=setup.device, precision=setup.precision,
+                                 picture=picture if env.is_main else None)
         empty_cache(setup.device)  # hand the evaluation's cached blocks back (CUDA): others share the GPU
         state.val = broadcast_object(env, val) if strategy.every_rank_evaluates else val
-        metrics.log({"split": "val", "step": done, "epoch": round(done / setup.steps_per_epoch, 4), **state.val})
+        row = {k: v for k, v in state.val.items() if k not in task_of(info).final_only}
+        metrics.log({"split": "val", "step": done, "epoch": round(done / setup.steps_per_epoch, 4), **row})
         if samples is not None and env.is_main and not strategy.every_rank_evaluates:
             with state.ema.swapped_in(model) if state.ema else contextlib.nullcontext():
                 samples(model, done)
