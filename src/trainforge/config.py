@@ -200,6 +200,8 @@ class TrainConfig(Section):
     keep_checkpoints: int = Field(3, gt=0, le=MAX_COUNT)
     grad_clip_norm: Optional[float] = Field(1.0, gt=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
+    # the task's named training loss (segmentation: cross_entropy | dice | dice_ce | focal); null: the task's own
+    loss: Optional[str] = Field(None, max_length=64)
     ema_decay: Optional[float] = Field(None, gt=0, lt=1)
     early_stopping: Optional[EarlyStoppingConfig] = None
     max_bad_steps: int = Field(5, gt=0, le=MAX_COUNT)  # non-finite losses in a row before the run stops

@@ -26,6 +26,7 @@ from trainforge.engine.optim import freeze
 from trainforge.engine.parallelize import find_blocks
 from trainforge.errors import UserError
 from trainforge.models import build_model, is_convolutional
+from trainforge.tasks import TASKS
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ def preflight(cfg: Config, *, world_size: int = 1, fit_stats: bool = True, store
                         "same compress command (same --out) to continue it")
     model = _build(cfg, data.info, on_meta, model_factory)
     frozen, total = freeze(model, cfg.train.freeze) if cfg.train.freeze else (0, 0)  # before any wrapping or optimizer
+    if cfg.train.loss is not None:
+        TASKS.get(data.info.task).check_loss(cfg.train.loss, "train.loss")
     if cfg.train.early_stopping is not None:
         if cfg.train.early_stopping.metric is not None:  # None: the task's default, which it reports
             check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")

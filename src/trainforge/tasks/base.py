@@ -79,11 +79,20 @@ class Task:
     # detailed results too large for every validation row of metrics.jsonl: eval.json (the final test) only
     final_only: tuple[str, ...] = ()
     quality: tuple[str, str, str] = ("loss", "loss", "test loss")
+    # the named training losses `train.loss` may choose (the first is the task's default); () for a task of one loss
+    losses: tuple[str, ...] = ()
 
     # ---- metrics
     def direction(self, metric: str) -> str:
         """"max" or "min": which way `metric` improves."""
         return MAX if metric in self.higher_is_better else MIN
+
+    def check_loss(self, loss: str, field: str) -> None:
+        """`loss` is a training loss this task can use, else UserError naming `field`."""
+        if loss not in self.losses:
+            choices = (f"choose one of {', '.join(self.losses)}" if self.losses
+                       else "this task has one training loss: remove the setting")
+            raise UserError(f"{field}: {loss!r} is not a {self.title} loss; {choices}")
 
     def check_metric(self, metric: str, field: str) -> None:
         """`metric` is one evaluation reports for this task, else UserError naming `field`."""
@@ -111,8 +120,10 @@ class Task:
         (torchvision's detectors, HF models given labels) is called with the targets here."""
         return model(self.inputs(batch))
 
-    def training_loss(self, output: Any, batch: Any, *, label_smoothing: float = 0.0) -> "torch.Tensor":
-        """The scalar the loop backpropagates: the task's loss of the float output (a model's own loss dict, summed)."""
+    def training_loss(self, output: Any, batch: Any, *, label_smoothing: float = 0.0,
+                      loss: Optional[str] = None) -> "torch.Tensor":
+        """The scalar the loop backpropagates: the task's loss of the float output (a model's own loss dict, summed);
+        `loss`: one of `losses` (train.loss), None for the default."""
         return self.loss(output.float(), self.target(batch), label_smoothing=label_smoothing)
 
     def example_batch(self, info: Any, inputs: Any, batch_size: int) -> Any:

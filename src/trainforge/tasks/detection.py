@@ -69,7 +69,8 @@ class Detection(Task):
         images, targets = batch
         return model(images, targets) if model.training else model(images)
 
-    def training_loss(self, output: dict[str, "torch.Tensor"], batch: Any, *, label_smoothing: float = 0.0):
+    def training_loss(self, output: dict[str, "torch.Tensor"], batch: Any, *, label_smoothing: float = 0.0,
+                      loss: Optional[str] = None):
         if not isinstance(output, dict) or not output:
             raise TypeError("a detection model in training mode returns its losses as a dict of scalars "
                             f"(torchvision's convention), got {type(output).__name__}")

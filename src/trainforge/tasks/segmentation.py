@@ -33,12 +33,28 @@ class Segmentation(Task):
     quality = ("miou", "mIoU", "test mIoU")
     prediction_columns = ("classes",)
     chart_metrics = ("miou", "dice", "pixel_accuracy")
+    # train.loss: cross-entropy (torch), or MONAI's soft Dice, Dice + cross-entropy, focal; every one leaves the
+    # unlabelled pixels (IGNORE) out. Validation's loss stays cross-entropy, whatever the run trains with
+    losses = ("cross_entropy", "dice", "dice_ce", "focal")
 
     def loss(self, output, target, *, label_smoothing=0.0, reduction="mean"):
         import torch.nn.functional as F
 
         return F.cross_entropy(output, target, ignore_index=IGNORE, label_smoothing=label_smoothing,
                                reduction=reduction)
+
+    def training_loss(self, output: Any, batch: Any, *, label_smoothing: float = 0.0, loss: Optional[str] = None):
+        """Cross-entropy by default; `loss` (train.loss) one of `losses`: Dice over the whole batch (MONAI's
+        DiceLoss, softmax, every class including the background), Dice + cross-entropy (their sum), or focal
+        (MONAI's FocalLoss, softmax, gamma 2)."""
+        output, target = output.float(), self.target(batch)
+        if loss in (None, "cross_entropy"):
+            return self.loss(output, target, label_smoothing=label_smoothing)
+        named = named_loss(loss)
+        value = named(output, target[:, None])
+        if loss == "dice_ce":
+            value = value + self.loss(output, target, label_smoothing=label_smoothing)
+        return value
 
     def evaluation(self, info: Any) -> Evaluation:
         return SegmentationEvaluation(self, tuple(info.class_names) or tuple(map(str, range(info.num_classes))))
@@ -90,6 +106,17 @@ class Segmentation(Task):
         tinted = np.where(mask[..., None] > 0, 0.5 * rgb.transpose(1, 2, 0) + 0.5 * colours[mask] / 255,
                           rgb.transpose(1, 2, 0))
         return np.concatenate([np.uint8(255 * tinted), colours[mask]], axis=1)
+
+
+def named_loss(name: str) -> Any:
+    """MONAI's loss module of `name` (dice, dice_ce: its Dice part; focal), the unlabelled pixels ignored."""
+    from monai.losses import DiceLoss, FocalLoss  # heavy: only a run that names one of them loads MONAI
+
+    if name in ("dice", "dice_ce"):
+        return DiceLoss(include_background=True, to_onehot_y=True, softmax=True, batch=True, ignore_index=IGNORE)
+    if name == "focal":
+        return FocalLoss(include_background=True, to_onehot_y=True, use_softmax=True, gamma=2.0, ignore_index=IGNORE)
+    raise ValueError(f"unknown segmentation loss {name!r}")
 
 
 def palette(classes: int) -> np.ndarray:

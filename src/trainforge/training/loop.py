@@ -153,7 +153,7 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             rng_at_step = torch.get_rng_state()
             while True:
                 out = forward_backward(step_model, it, strategy, state, run_dir, step, stop, task=task_of(info),
-                                       label_smoothing=loop.label_smoothing, loss_fn=hooks.loss)
+                                       label_smoothing=loop.label_smoothing, loss_name=loop.loss, loss_fn=hooks.loss)
                 if not out.oom:
                     break
                 state.setup = inputs.reresolve(OOMNote(state.setup.micro_batch_size, step + 1))
@@ -240,7 +240,7 @@ def stopper_for(es: EarlyStoppingConfig, task: Task) -> EarlyStopper:
 
 
 def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strategy, state: TrainState, run_dir: Path,
-                     step: int, stop: StopFlag, *, task: Task, label_smoothing: float,
+                     step: int, stop: StopFlag, *, task: Task, label_smoothing: float, loss_name: Optional[str] = None,
                      loss_fn: Optional[LossFn] = None) -> StepOutcome:
     """Accumulate gradients of the mean loss over `accumulation` micro-batches.
 
@@ -266,7 +266,8 @@ def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strateg
                 if loss_fn is not None:
                     loss = loss_fn(output.float(), task.inputs(batch), task.target(batch)) / accumulation
                 else:
-                    loss = task.training_loss(output, batch, label_smoothing=label_smoothing) / accumulation
+                    named = {} if loss_name is None else {"loss": loss_name}  # a plug-in task of one loss takes none
+                    loss = task.training_loss(output, batch, label_smoothing=label_smoothing, **named) / accumulation
                 del output, batch  # not needed by backward (the loss keeps what it needs): one output less at the peak
                 total += loss.detach()
                 if i < accumulation - 1:

@@ -53,6 +53,7 @@ class LoopSettings:
     early_stopping: Optional[EarlyStoppingConfig]
     ema_decay: Optional[float]
     label_smoothing: float
+    loss: Optional[str]  # train.loss: the task's named loss, None for its default
     grad_clip_norm: Optional[float]
     log_every_steps: int
     max_bad_steps: int
@@ -65,7 +66,7 @@ class LoopSettings:
     def of(cls, cfg: Config) -> "LoopSettings":
         tc = cfg.train
         return cls(seed=cfg.seed, config_yaml=cfg.to_yaml(), optim=cfg.optim, schedule=cfg.schedule, early_stopping=tc.early_stopping,
-                   ema_decay=tc.ema_decay, label_smoothing=tc.label_smoothing, grad_clip_norm=tc.grad_clip_norm,
+                   ema_decay=tc.ema_decay, label_smoothing=tc.label_smoothing, loss=tc.loss, grad_clip_norm=tc.grad_clip_norm,
                    log_every_steps=tc.log_every_steps, max_bad_steps=tc.max_bad_steps,
                    keep_checkpoints=tc.keep_checkpoints, tensorboard=cfg.log.tensorboard, progress=cfg.log.progress,
                    report=cfg.log.report)
