@@ -188,3 +188,37 @@ def test_mlflow_signature_of_a_detector_names_its_input_only():
     assert sig.inputs.inputs[0].shape == (-1, 3, 64, 64) and sig.outputs is None
     seg = signature({"task": "segmentation", "input_shape": [3, 64, 64], "input_dtype": "float32", "num_classes": 3})
     assert seg.outputs.inputs[0].shape == (-1, 3, 64, 64)
+
+
+@pytest.mark.slow
+def test_tune_and_runs_compare_work_on_a_detectors_map(shapes, tmp_path, capsys):
+    """tune maximizes the task's default metric (map) over two short trials; runs compare sets the trials side by
+    side with their map curves and test numbers; bf16 autocast trains a detector on the CPU."""
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {type: float, low: 1.0e-4, high: 3.0e-3, log: true}\n")
+    args = overrides(shapes, "coco", "data.args.image_size=48", "train.max_steps=4", "train.eval_every_steps=2",
+                     "train.global_batch_size=4", "train.micro_batch_size=4", "train.device=cpu")
+    with pytest.raises(SystemExit) as code:
+        main(["tune", "coco_detection_finetune", *args, "--space", str(space), "--trials", "2", "--out",
+              str(tmp_path / "study"), "--json"])
+    assert code.value.code in (0, None)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["metric"] == "map" and doc["direction"] == "maximize" and doc["counts"]["complete"] == 2
+    assert doc["best_trial"] is not None
+    trials = sorted((tmp_path / "study" / "trials").iterdir())
+    assert len(trials) == 2 and all((t / "eval.json").is_file() for t in trials)
+    with pytest.raises(SystemExit) as code:
+        main(["runs", "compare", *map(str, trials), "--json"])
+    assert code.value.code in (0, None)
+    compared = json.loads(capsys.readouterr().out)
+    assert {"map", "map_50"} <= set(compared["test_metrics"])
+    with pytest.raises(SystemExit) as code:
+        main(["runs", "compare", *map(str, trials), "--out", str(tmp_path / "compare.html")])
+    assert 'Validation map_50' in (tmp_path / "compare.html").read_text()
+
+    run = tmp_path / "bf16"
+    cfg = trainforge.load_config("coco_detection_finetune", [*args, "train.precision=bf16"])
+    assert trainforge.train(cfg, run_dir=run).status == "completed"
+    assert json.loads((run / "final" / "model.json").read_text())["ran"]["precision"] == "bf16"
+    losses = [r["loss"] for r in read_metrics(run / "metrics.jsonl") if r["split"] == "train"]
+    assert losses and all(np.isfinite(losses))

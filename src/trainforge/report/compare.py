@@ -26,6 +26,7 @@ from trainforge.metrics_file import Series, metric_series, thin
 from trainforge.report.html import generator_tag, note, page, value_cell
 from trainforge.report.plots import line_chart, svg_element
 from trainforge.report.runs import MAX_COMPARED, RunSummary, format_duration, load_run, summarize
+from trainforge.tasks import TASKS
 
 KIND = "comparison"  # the page's title and generator tag: how a later `runs compare` knows its own file
 CURVES = (  # (chart id, title, y label, split, metric key, log scale)
@@ -35,6 +36,13 @@ CURVES = (  # (chart id, title, y label, split, metric key, log scale)
     ("val-macro_f1", "Validation macro-F1", "macro-F1", "val", "macro_f1", False),
     ("val-perplexity", "Validation perplexity", "perplexity", "val", "perplexity", True),
 )
+
+
+def task_curves() -> tuple[tuple[str, str, str, str, str, bool], ...]:
+    """CURVES, then a chart of each metric a task charts over training (a detector's mAP, a segmenter's mIoU)."""
+    extra = {m: (f"val-{m}", f"Validation {m}", m, "val", m, False)
+             for name in TASKS.names() for m in TASKS.get(name).chart_metrics}
+    return CURVES + tuple(extra.values())
 
 
 class _Absent:
@@ -92,7 +100,7 @@ def compare_runs(run_dirs: Sequence[Path], labels: Optional[Sequence[str]] = Non
         seen[os.path.realpath(d)] = d
     files = [load_run(d) for d in run_dirs]
     curves = []
-    for cid, title, ylabel, split, key, logy in CURVES:
+    for cid, title, ylabel, split, key, logy in task_curves():
         series = tuple(metric_series(f.rows, split, key) for f in files)
         if any(steps for steps, _ in series):
             curves.append(Curve(cid, title, ylabel, logy, series))
