@@ -147,3 +147,37 @@ def test_nothing_is_loaded_from_elsewhere():
     for f in files:
         urls = re.findall(r"(?:https?:)?//[\w.-]+\.[a-z]{2,}[^\s\"')]*", f.read_text())
         assert [u for u in urls if not u.startswith("http://www.w3.org/2000/svg")] == [], f.name
+
+
+def test_the_validation_picture_is_served_and_a_planted_link_is_not(client, service, tmp_path):
+    """/api/jobs/ID/val_images.png: the run's val_images.png (detection, segmentation draw one at each evaluation),
+    404 until there is one; the run directory is the job's to write, so a link there, a file that is not a PNG or a
+    fifo is never read through (404 too), and the val rows' map reaches the dashboard's metric chart."""
+    import json
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    assert client.post("/api/jobs", json={"recipe": "digits_cnn", "overrides": QUICK}).status_code == 201
+    run = Path(client.get("/api/jobs/1").json()["run_dir"])
+    missing = client.get("/api/jobs/1/val_images.png")
+    assert missing.status_code == 404 and "no validation images" in missing.json()["detail"]
+    run.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.zeros((4, 6, 3), "uint8")).save(run / "val_images.png")
+    shown = client.get("/api/jobs/1/val_images.png")
+    assert shown.status_code == 200 and shown.headers["content-type"] == "image/png"
+    assert shown.content == (run / "val_images.png").read_bytes()
+    secret = tmp_path / "secret.png"
+    secret.write_bytes((run / "val_images.png").read_bytes())  # a PNG, even: the link itself is refused
+    (run / "val_images.png").unlink()
+    os.symlink(secret, run / "val_images.png")
+    assert client.get("/api/jobs/1/val_images.png").status_code == 404
+    (run / "val_images.png").unlink()
+    (run / "val_images.png").write_text("root:x:0:0")
+    assert client.get("/api/jobs/1/val_images.png").status_code == 404
+    (run / "val_images.png").unlink()
+    os.mkfifo(run / "val_images.png")  # opened without blocking, then refused as not a regular file
+    assert client.get("/api/jobs/1/val_images.png").status_code == 404
+    (run / "metrics.jsonl").write_text(json.dumps({"split": "val", "step": 2, "map": 0.25, "map_50": 0.5}) + "\n")
+    assert client.get("/api/jobs/1/metrics").json()["val"] == [{"step": 2, "map": 0.25, "map_50": 0.5}]

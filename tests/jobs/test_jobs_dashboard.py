@@ -40,6 +40,21 @@ def test_submit_through_the_page_and_watch_the_curves(tmp_path, browser):
         assert int(metric.get_attribute("data-points")) == 2  # evaluations at steps 10 and 20
         wait.until(lambda d: "test accuracy" in d.find_element(By.ID, "log").text)
         assert "max_steps: 20" in browser.find_element(By.ID, "config").text
+        assert not browser.find_element(By.ID, "val-images").is_displayed()  # a classifier draws no picture
+
+        # a run with a validation picture (detection, segmentation write val_images.png) shows it, fetched with the
+        # page's headers into a blob URL the page's CSP allows
+        import numpy as np
+        from PIL import Image
+
+        run_dir = server.service.store.get(1).run_dir
+        Image.fromarray(np.full((20, 30, 3), 200, np.uint8)).save(f"{run_dir}/val_images.png")
+        browser.refresh()
+        wait.until(lambda d: d.find_element(By.ID, "val-images").is_displayed())
+        image = browser.find_element(By.ID, "val-images-img")
+        wait.until(lambda d: d.execute_script("return arguments[0].naturalWidth", image) == 30)
+        assert image.get_attribute("src").startswith("blob:")
+        assert "step 20" in browser.find_element(By.ID, "val-images-step").text
 
         browser.get(server.url + "/gpus")
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '#slots tr[data-slot-id="cpu1"]'))

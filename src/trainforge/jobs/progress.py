@@ -8,16 +8,37 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any, Optional
 
 from trainforge.metrics_file import thin
-from trainforge.layout import METRICS
+from trainforge.layout import METRICS, VAL_IMAGES
+from trainforge.tasks import TASKS
 
 TAIL_BYTES = 65536  # progress needs only the newest rows
 MAX_POINTS = 600  # per series: a chart needs no more
 STEP_TIME_WINDOW = 5  # train rows averaged for the ETA
-CHART_KEYS = ("loss", "accuracy", "macro_f1", "perplexity", "lr")
+CHART_KEYS = ("loss", "accuracy", "macro_f1", "perplexity", "lr",
+              *dict.fromkeys(m for name in TASKS.names() for m in TASKS.get(name).chart_metrics))  # map, miou ...
+PICTURE_MAX_BYTES = 16 << 20  # a run's validation picture the dashboard shows (a few hundred KiB in practice)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_picture(run_dir: Path) -> Optional[bytes]:
+    """The run's validation picture (val_images.png), or None when there is none yet or it is not one. The run
+    directory is written by the job: the file is opened without following a link, must be a regular file under
+    PICTURE_MAX_BYTES and start as a PNG, so a job cannot make the server read anything else."""
+    try:
+        fd = os.open(Path(run_dir) / VAL_IMAGES, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > PICTURE_MAX_BYTES:
+            return None
+        data = f.read(PICTURE_MAX_BYTES + 1)
+    return data if data.startswith(PNG_SIGNATURE) and len(data) <= PICTURE_MAX_BYTES else None
 
 
 def _rows(text: str) -> list[dict[str, Any]]:

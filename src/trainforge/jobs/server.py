@@ -12,6 +12,7 @@ API (JSON; with a token every call needs `Authorization: Bearer <token>`):
     GET  /api/jobs/{id}                   job + config_yaml, log_path
     GET  /api/jobs/{id}/logs?offset=N     {"text", "offset", "state"}  (offset < 0: the last -N bytes)
     GET  /api/jobs/{id}/metrics           {"train": [...], "val": [...], "progress"}
+    GET  /api/jobs/{id}/val_images.png    the run's validation picture (detection, segmentation) | 404 none yet
     POST /api/jobs/{id}/cancel            job
     GET  /api/gpus                        [slot + {"reserved_bytes", "jobs", "live"}]
     GET  /api/recipes                     ["digits_cnn", ...]
@@ -41,7 +42,7 @@ from urllib.parse import urlsplit
 
 from fastapi import Depends, FastAPI, Path as PathParam, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
@@ -50,7 +51,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from trainforge.config import MAX_YAML_BYTES, builtin_recipes, describe_character
 from trainforge.errors import HIDDEN_CATEGORIES, UserError, clip_message
 from trainforge.jobs.peers import submitter
-from trainforge.jobs.progress import MAX_POINTS, read_log, series
+from trainforge.jobs.progress import MAX_POINTS, read_log, read_picture, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
 from trainforge.jobs.store import Job
@@ -66,7 +67,7 @@ MAX_BODY_BYTES = 2 * MAX_YAML_BYTES  # a recipe's text plus overrides; anything 
 MAX_JOB_ID = 2**63 - 1
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 SECURITY_HEADERS = {
-    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "Content-Security-Policy": ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
                                 "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -260,6 +261,15 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     def metrics(job_id: int = JobId) -> dict[str, Any]:
         job = service.get(job_id)
         return {**series(Path(job.run_dir)), "progress": service.view(job)["progress"]}
+
+    @app.get("/api/jobs/{job_id}/val_images.png", response_class=Response,
+             responses={200: {"content": {"image/png": {}}}, 404: {"description": "no validation picture yet"}})
+    def val_images(job_id: int = JobId) -> Response:
+        picture = read_picture(Path(service.get(job_id).run_dir))
+        if picture is None:
+            return JSONResponse({"detail": f"job {job_id} has no validation images (yet): detection and "
+                                           "segmentation runs draw them at each evaluation"}, status_code=404)
+        return Response(picture, media_type="image/png", headers={"Cache-Control": "no-store"})
 
     @app.post("/api/jobs/{job_id}/cancel", response_model=JobOut)
     def cancel(job_id: int = JobId) -> dict[str, Any]:

@@ -18,7 +18,8 @@
       { name: "train loss", points: pts(m.train, "loss") },
       { name: "val loss", points: pts(m.val, "loss") },
     ]);
-    const key = ["accuracy", "macro_f1", "perplexity"].find((k) => m.val.some((r) => typeof r[k] === "number"));
+    const key = ["accuracy", "macro_f1", "perplexity", "map", "miou"].find(
+      (k) => m.val.some((r) => typeof r[k] === "number"));
     if (key) {
       document.getElementById("metric-caption").textContent = "validation " + key;
       const series = [{ name: "val " + key, points: pts(m.val, key) }];
@@ -31,6 +32,25 @@
     }
     const p = m.progress;
     document.getElementById("job-progress").textContent = p.step + (p.total_steps ? "/" + p.total_steps : "");
+    const lastVal = m.val.length ? m.val[m.val.length - 1].step : null;
+    if (lastVal !== null && lastVal !== shownPictureStep) await refreshPicture(lastVal);
+  }
+
+  // a detection or segmentation run's picture of its first validation images, redrawn at each evaluation: fetched
+  // with the token's header (an <img src> could not send it) and shown from a blob URL
+  let shownPictureStep = null;
+  let pictureUrl = null;
+  async function refreshPicture(step) {
+    const r = await fetch("/api/jobs/" + id + "/val_images.png", { headers: tf.headers({ "Accept": "image/png" }),
+                                                                   credentials: "omit", cache: "no-store" });
+    if (!r.ok) return;  // 404: this task draws none, or not yet
+    const url = URL.createObjectURL(await r.blob());
+    document.getElementById("val-images-img").src = url;
+    if (pictureUrl) URL.revokeObjectURL(pictureUrl);
+    pictureUrl = url;
+    shownPictureStep = step;
+    document.getElementById("val-images-step").textContent = "(step " + step + ")";
+    document.getElementById("val-images").hidden = false;
   }
 
   async function refreshJob() {
