@@ -88,3 +88,42 @@ def test_a_detector_needs_detection_data():
     classes = DataInfo("classification", "image", (3, 64, 64), "float32", 3)
     with pytest.raises(UserError, match=r"model.name: detector needs object detection"):
         build_model(ModelConfig(name="detector", args={"pretrained": False}), classes)
+
+
+def test_a_timm_backbone_under_the_fpn_trains_and_loads_its_own_weights(tmp_path):
+    """backbone: timm:<name>: the timm CNN's stride 4-32 maps under torchvision's FPN (Faster R-CNN; RetinaNet takes
+    8-32 and adds P6, P7); backbone_weights a state dict file of that timm model fills the body; a model with no
+    stride-4 map, or a name timm does not know, is one line."""
+    import timm
+    from safetensors.torch import save_file
+
+    from trainforge.errors import UserError
+    from trainforge.models.detectors import TimmFPN, build_detector
+
+    info = DataInfo("detection", "image", (3, 64, 64), "float32", 3, ("__background__", "box", "disc"))
+    torch.manual_seed(0)
+    saved = timm.create_model("resnet18", pretrained=False)
+    save_file(saved.state_dict(), str(tmp_path / "resnet18.safetensors"))
+    model, _ = build_detector(info, arch="fasterrcnn_resnet50_fpn", pretrained=False, backbone="timm:resnet18",
+                              backbone_weights=str(tmp_path / "resnet18.safetensors"),
+                              anchor_sizes=[8, 16, 32, 64, 128])
+    assert isinstance(model.backbone, TimmFPN) and model.backbone.picked == [1, 2, 3, 4]
+    assert torch.equal(model.backbone.body.state_dict()["layer1.0.conv1.weight"], saved.state_dict()["layer1.0.conv1.weight"])
+    images = torch.rand(2, 3, 64, 64)
+    targets = [{"boxes": torch.tensor([[8.0, 8.0, 30.0, 30.0]]), "labels": torch.tensor([1])}] * 2
+    losses = model.train()(images, targets)
+    sum(losses.values()).backward()
+    assert model.backbone.body.conv1.weight.grad is not None and all(torch.isfinite(v) for v in losses.values())
+    model.eval()
+    with torch.no_grad():
+        assert set(model(images)[0]) == {"boxes", "scores", "labels"}
+
+    retina, _ = build_detector(info, arch="retinanet_resnet50_fpn", pretrained=False, backbone="timm:convnext_atto",
+                               trainable_backbone_layers=0)
+    assert retina.backbone.picked == [1, 2, 3] and not any(p.requires_grad for p in retina.backbone.body.parameters())
+    with torch.no_grad():
+        assert len(retina.eval()(images)) == 2
+    with pytest.raises(UserError, match="no feature map at stride 4"):
+        build_detector(info, arch="fasterrcnn_resnet50_fpn", pretrained=False, backbone="timm:vit_tiny_patch16_224")
+    with pytest.raises(UserError, match="'resnet_nope' is not a timm model"):
+        build_detector(info, arch="fasterrcnn_resnet50_fpn", pretrained=False, backbone="timm:resnet_nope")

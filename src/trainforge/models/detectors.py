@@ -11,7 +11,10 @@ or a weight set's name), the class head new and sized to the data's classes (eve
 hub cache and downloaded only when missing there, a missing file without network is one line naming where to copy
 it. backbone_weights (false): ImageNet weights for the backbone alone (with pretrained false).
 backbone: another torchvision ResNet under the FPN (resnet18, resnet34, resnet50, resnet101) for Faster R-CNN,
-RetinaNet and FCOS: small and fast where a few classes of simple objects need no ResNet-50.
+RetinaNet and FCOS: small and fast where a few classes of simple objects need no ResNet-50; or any timm CNN that
+gives features at strides 8, 16 and 32 (`timm:convnext_tiny`, `timm:efficientnet_b0`, ...), its feature maps under
+torchvision's FeaturePyramidNetwork, backbone_weights then true (timm's ImageNet weights, offline-first) or a state
+dict file of that timm model.
 anchor_sizes: one anchor size in pixels per feature level (Faster R-CNN, RetinaNet), for objects much smaller or
 larger than COCO's at 800 pixels. options: torchvision's own keyword arguments of the model (e.g. Faster R-CNN's
 rpn_post_nms_top_n_train, box_batch_size_per_image, box_detections_per_img), passed as they are. The model's own transform resizes nothing (min_size = max_size = the data's image
@@ -37,6 +40,8 @@ ARCHS = ("fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320
          "ssdlite320_mobilenet_v3_large", "ssd300_vgg16")
 FAMILIES = ("fasterrcnn", "retinanet", "fcos", "ssdlite", "ssd")  # ssdlite before ssd: the first prefix that fits
 BACKBONES = ("resnet18", "resnet34", "resnet50", "resnet101")
+TIMM = "timm:"  # backbone: timm:<a timm model name>
+FPN_CHANNELS = 256  # torchvision's FPN width, which its detection heads are built for
 RATIOS = (0.5, 1.0, 2.0)  # anchor aspect ratios of every level (torchvision's)
 OWN_KEYS = {"weights", "weights_backbone", "num_classes", "min_size", "max_size", "size"}
 DETECTION = DataFit("object detection (task detection: C,H,W images with boxes)",
@@ -45,7 +50,7 @@ DETECTION = DataFit("object detection (task detection: C,H,W images with boxes)"
 
 @register_model("detector", fits=DETECTION)
 def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fpn", pretrained: Any = True,
-                   backbone_weights: bool = False, backbone: Optional[str] = None,
+                   backbone_weights: Any = False, backbone: Optional[str] = None,
                    anchor_sizes: Optional[list[int]] = None, trainable_backbone_layers: Optional[int] = None,
                    options: Optional[dict[str, Any]] = None) -> tuple[nn.Module, InputSpec]:
     arch = check.choice("arch", arch, list(ARCHS))
@@ -59,6 +64,10 @@ def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fp
     if pretrained is True and backbone is not None:
         raise UserError(f"model.args.backbone: {arch}'s COCO weights are for its own backbone; set "
                         "model.args.pretrained: false to train a detector with another one")
+    timm_body = isinstance(backbone, str) and backbone.startswith(TIMM)
+    if not isinstance(backbone_weights, bool) and not (timm_body and isinstance(backbone_weights, str)):
+        raise UserError("model.args.backbone_weights: true or false (a state dict file only for a timm backbone), "
+                        f"got {backbone_weights!r}")
     if pretrained and backbone_weights:
         raise UserError("model.args.backbone_weights: the COCO weights include the backbone's; set pretrained: false "
                         "to start from ImageNet backbone weights alone")
@@ -75,7 +84,7 @@ def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fp
     if anchor_sizes is not None:
         if family not in ("fasterrcnn", "retinanet"):
             raise UserError(f"model.args.anchor_sizes: only for Faster R-CNN and RetinaNet, not {arch}")
-        kwargs.update(_anchors(family, anchor_sizes, backbone or arch))
+        kwargs.update(_anchors(family, anchor_sizes, "timm FPN" if timm_body else backbone or arch))
     if options:
         if not isinstance(options, dict):
             raise UserError(f"model.args.options: a mapping of torchvision's keyword arguments of {arch}, got "
@@ -90,9 +99,12 @@ def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fp
             raise UserError(f"model.args.options: {arch} does not take one of {unknown}; it takes "
                             f"{', '.join(sorted(accepted - OWN_KEYS))}")
         kwargs.update(options)
-    weights_backbone = "DEFAULT" if backbone_weights else None
+    weights_backbone = "DEFAULT" if backbone_weights is True else (backbone_weights or None)
     try:
-        model = _build(arch, family, backbone, weights_backbone, kwargs)
+        if timm_body:
+            model = _with_timm_backbone(arch, family, backbone[len(TIMM):], weights_backbone, kwargs)
+        else:
+            model = _build(arch, family, backbone, weights_backbone, kwargs)
     except TypeError as e:  # an option the builder does not take
         raise UserError(f"model.args.options: {arch} does not take one of {sorted(options or {})} ({e}); see "
                         "torchvision's documentation of its detection models") from None
@@ -164,6 +176,90 @@ def _with_backbone(arch: str, family: str, backbone: str, weights: Optional[str]
     body = resnet_fpn_backbone(backbone_name=backbone, weights=weights, trainable_layers=layers,
                                returned_layers=[2, 3, 4], extra_blocks=extra)
     return (RetinaNet if family == "retinanet" else FCOS)(body, num_classes=num_classes, **kwargs)
+
+
+class TimmFPN(nn.Module):
+    """A timm CNN's feature maps (features_only) at the strides a detection head expects, under torchvision's
+    FeaturePyramidNetwork: what torchvision's detectors take as a backbone (`out_channels`, an OrderedDict of maps)."""
+
+    def __init__(self, body: nn.Module, strides: tuple[int, ...], extra_blocks: Any) -> None:
+        from torchvision.ops import FeaturePyramidNetwork
+
+        super().__init__()
+        reductions = list(body.feature_info.reduction())
+        self.body = body
+        self.picked = [reductions.index(s) for s in strides]
+        channels = [body.feature_info.channels()[i] for i in self.picked]
+        self.fpn = FeaturePyramidNetwork(channels, FPN_CHANNELS, extra_blocks=extra_blocks)
+        self.out_channels = FPN_CHANNELS
+
+    def forward(self, x: torch.Tensor) -> Any:
+        from collections import OrderedDict
+
+        features = self.body(x)
+        return self.fpn(OrderedDict((str(k), features[i]) for k, i in enumerate(self.picked)))
+
+
+def _with_timm_backbone(arch: str, family: str, name: str, weights: Optional[str], kwargs: dict[str, Any]) -> nn.Module:
+    """Faster R-CNN (strides 4-32, then a max-pooled level), RetinaNet or FCOS (strides 8-32, then P6 and P7) on a
+    timm CNN's features."""
+    import timm  # heavy: only a timm backbone loads it
+    from torchvision.models.detection import FCOS, FasterRCNN, RetinaNet
+    from torchvision.ops.feature_pyramid_network import LastLevelMaxPool, LastLevelP6P7
+
+    if family not in ("fasterrcnn", "retinanet", "fcos") or "mobilenet" in arch:
+        raise UserError(f"model.args.backbone: only Faster R-CNN, RetinaNet and FCOS (resnet50 FPN) take another "
+                        f"backbone, not {arch}")
+    if not timm.is_model(name):
+        raise UserError(f"model.args.backbone: {name!r} is not a timm model; see timm.list_models()")
+    try:
+        body = _timm_features(timm, name, weights)
+    except RuntimeError as e:  # a model without features_only (a ViT without a feature pyramid, say)
+        raise UserError(f"model.args.backbone: timm's {name} gives no feature maps ({str(e).splitlines()[0][:120]}); "
+                        "choose a CNN (resnet, convnext, efficientnet, regnet ...)") from None
+    strides = (4, 8, 16, 32) if family == "fasterrcnn" else (8, 16, 32)
+    missing = [s for s in strides if s not in body.feature_info.reduction()]
+    if missing:
+        raise UserError(f"model.args.backbone: timm's {name} has no feature map at stride {missing[0]} (it has "
+                        f"{list(body.feature_info.reduction())}); choose a CNN with the usual four stages")
+    layers = kwargs.pop("trainable_backbone_layers", None)
+    if layers not in (None, 0):
+        raise UserError("model.args.trainable_backbone_layers: with a timm backbone, 0 (frozen) or unset (every "
+                        f"layer trained), got {layers}")
+    if layers == 0:
+        body.requires_grad_(False)
+    kwargs = {k: v for k, v in kwargs.items() if k != "weights"}
+    num_classes = kwargs.pop("num_classes")
+    if family == "fasterrcnn":
+        return FasterRCNN(TimmFPN(body, strides, LastLevelMaxPool()), num_classes=num_classes, **kwargs)
+    extra = LastLevelP6P7(FPN_CHANNELS, FPN_CHANNELS)
+    return (RetinaNet if family == "retinanet" else FCOS)(TimmFPN(body, strides, extra), num_classes=num_classes,
+                                                          **kwargs)
+
+
+def _timm_features(timm: Any, name: str, weights: Optional[str]) -> nn.Module:
+    """timm's `name` as a feature extractor; weights: None, "DEFAULT" (timm's own, offline-first) or a file."""
+    from trainforge.models.timm_models import _from_hub
+
+    if weights is None or not materializing():
+        return timm.create_model(name, pretrained=False, features_only=True)
+    if weights == "DEFAULT":
+        return _from_hub(timm, name, {"features_only": True})
+    from trainforge.confine import local_path
+
+    path = local_path(weights, "model.args.backbone_weights")
+    if not path.is_file():
+        raise UserError(f"model.args.backbone_weights: {path} is not a file; point it at a state dict of timm's "
+                        f"{name}, or use true for timm's own weights")
+    model = timm.create_model(name, pretrained=False, features_only=True)
+    state = timm.models.load_state_dict(str(path))
+    own = model.state_dict()
+    fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    if len(fitting) < 0.9 * len(own):
+        raise UserError(f"model.args.backbone_weights: {path} holds {len(fitting)} of the {len(own)} tensors of "
+                        f"timm's {name} features; point it at weights of {name}")
+    model.load_state_dict(fitting, strict=False)
+    return model
 
 
 def _load_backbone(model: nn.Module, arch: str) -> None:
