@@ -73,6 +73,37 @@ def wait_for_progress(proc: subprocess.Popen, run_dir: Path, timeout_s: float = 
     raise AssertionError("the run made no progress")
 
 
+def assert_killed_run_matches_uninterrupted(recipe: str, args: Sequence[str], tmp_path: Path, *, steps: int) -> None:
+    """The recipe with `args` run uninterrupted in this process, and through the CLI SIGKILLed twice (a random moment
+    after a new checkpoint) and resumed: the same weights, the same `steps` per-step losses, the same eval.json."""
+    import json
+
+    from trainforge.metrics_file import read_metrics
+
+    reference = tmp_path / "reference"
+    assert trainforge.train(trainforge.load_config(recipe, list(args)), run_dir=reference).status == "completed"
+    run = tmp_path / "killed"
+    made = kill_and_resume(lambda: launch(run, [recipe, *args]), run, kills=2, seed=28, pause_s=0.5)
+    assert made >= 1
+    assert_bit_identical(reference, run)  # every weight and buffer (BatchNorm statistics too)
+    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"] for d in (reference, run)]
+    assert losses[0] == losses[1] and len(losses[0]) == steps
+    assert json.loads((run / "eval.json").read_text()) == json.loads((reference / "eval.json").read_text())
+
+
+def two_process_losses(recipe: str, one: Sequence[str], two: Sequence[str], tmp_path: Path) -> list[list[float]]:
+    """The per-step training losses of the recipe run in this process with `one`, and in 2 processes
+    (--nproc-per-node 2) with `two`."""
+    from trainforge.metrics_file import read_metrics
+
+    assert trainforge.train(trainforge.load_config(recipe, list(one)), run_dir=tmp_path / "one").status == "completed"
+    done = subprocess.run([sys.executable, "-m", "trainforge", "train", recipe, *two, "--run-dir",
+                           str(tmp_path / "two"), "--nproc-per-node", "2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]
+            for d in (tmp_path / "one", tmp_path / "two")]
+
+
 def assert_bit_identical(a: Path, b: Path) -> None:
     wa, wb = load_file(str(a / "final" / "model.safetensors")), load_file(str(b / "final" / "model.safetensors"))
     assert wa.keys() == wb.keys()

@@ -5,8 +5,6 @@ processes match one at twice the micro-batch."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +13,7 @@ import torch
 from PIL import Image
 
 import trainforge
-from test_crash_resume import assert_bit_identical, kill_and_resume, launch
+from test_crash_resume import assert_killed_run_matches_uninterrupted, two_process_losses
 from trainforge.cli import main
 from trainforge.data import build_data
 from trainforge.metrics_file import read_metrics
@@ -133,17 +131,7 @@ def test_a_detector_run_sigkilled_mid_epoch_resumes_bit_identical(shapes, tmp_pa
                      "train.micro_batch_size=2",
                      "train.device=cpu", "data.augment={hflip: 0.5, crop_scale: [0.6, 1.0]}")
     args = [a for a in args if a != "data.augment={}"]
-    reference = tmp_path / "reference"
-    assert trainforge.train(trainforge.load_config("coco_detection_finetune", args), run_dir=reference).status == \
-        "completed"
-    run = tmp_path / "killed"
-    made = kill_and_resume(lambda: launch(run, ["coco_detection_finetune", *args]), run, kills=2, seed=28,
-                           pause_s=0.5)
-    assert made >= 1
-    assert_bit_identical(reference, run)
-    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"] for d in (reference, run)]
-    assert losses[0] == losses[1] and len(losses[0]) == 24
-    assert json.loads((run / "eval.json").read_text()) == json.loads((reference / "eval.json").read_text())
+    assert_killed_run_matches_uninterrupted("coco_detection_finetune", args, tmp_path, steps=24)
 
 
 @pytest.mark.slow
@@ -154,15 +142,8 @@ def test_two_processes_on_a_detector_match_one_at_twice_the_micro_batch(shapes, 
                        # two processes' sums leave different in parameters whose gradients are tiny
                        "train.log_every_steps=1", "optim={name: sgd, lr: 0.01, momentum: 0.9}",
                        "train.global_batch_size=4", "train.device=cpu", model=RETINA)
-    one = tmp_path / "one"
-    assert trainforge.train(trainforge.load_config("coco_detection_finetune", [*common, "train.micro_batch_size=4"]),
-                            run_dir=one).status == "completed"
-    two = subprocess.run([sys.executable, "-m", "trainforge", "train", "coco_detection_finetune", *common,
-                          "train.micro_batch_size=2", "--run-dir", str(tmp_path / "two"), "--nproc-per-node", "2"],
-                         capture_output=True, text=True, timeout=600)
-    assert two.returncode == 0, two.stderr[-3000:]
-    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]
-              for d in (one, tmp_path / "two")]
+    losses = two_process_losses("coco_detection_finetune", [*common, "train.micro_batch_size=4"],
+                                [*common, "train.micro_batch_size=2"], tmp_path)
     assert len(losses[0]) == len(losses[1]) == 6
     assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5, losses
 

@@ -5,8 +5,6 @@ bit-identical, and two processes match one that accumulates the same two micro-b
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,10 +12,9 @@ import torch
 from PIL import Image
 
 import trainforge
-from test_crash_resume import assert_bit_identical, kill_and_resume, launch
+from test_crash_resume import assert_killed_run_matches_uninterrupted, two_process_losses
 from trainforge.cli import main
 from trainforge.data import build_data
-from trainforge.metrics_file import read_metrics
 from trainforge.training.artifacts import load_trained
 from vision_data import MASK_CLASSES, write_masks
 
@@ -103,16 +100,7 @@ def test_a_segmenter_run_sigkilled_mid_epoch_resumes_bit_identical(masks, tmp_pa
     args = small_run(masks, "train.max_steps=30", "train.eval_every_steps=15", "train.checkpoint_every_steps=5",
                      "train.global_batch_size=4", "train.micro_batch_size=2",
                      "data.augment={hflip: 0.5, crop_scale: [0.6, 1.0]}")
-    reference = tmp_path / "reference"
-    assert trainforge.train(trainforge.load_config("segmentation_finetune", args), run_dir=reference).status == \
-        "completed"
-    run = tmp_path / "killed"
-    made = kill_and_resume(lambda: launch(run, ["segmentation_finetune", *args]), run, kills=2, seed=28, pause_s=0.5)
-    assert made >= 1
-    assert_bit_identical(reference, run)  # every weight and BatchNorm buffer
-    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"] for d in (reference, run)]
-    assert losses[0] == losses[1] and len(losses[0]) == 30
-    assert json.loads((run / "eval.json").read_text()) == json.loads((reference / "eval.json").read_text())
+    assert_killed_run_matches_uninterrupted("segmentation_finetune", args, tmp_path, steps=30)
 
 
 @pytest.mark.slow
@@ -123,13 +111,6 @@ def test_two_processes_on_a_segmenter_match_one_accumulating_the_same_micro_batc
     micro-batch 4 is a different model by definition; without BatchNorm it is the same, as the detector's test shows)."""
     common = small_run(masks, "train.max_steps=6", "train.eval_every_steps=6", "train.global_batch_size=4",
                        "train.micro_batch_size=2", "optim={name: sgd, lr: 0.01, momentum: 0.9}", "data.augment={}")
-    one = tmp_path / "one"
-    assert trainforge.train(trainforge.load_config("segmentation_finetune", common), run_dir=one).status == "completed"
-    two = subprocess.run([sys.executable, "-m", "trainforge", "train", "segmentation_finetune", *common,
-                          "--run-dir", str(tmp_path / "two"), "--nproc-per-node", "2"],
-                         capture_output=True, text=True, timeout=600)
-    assert two.returncode == 0, two.stderr[-3000:]
-    losses = [[r["loss"] for r in read_metrics(d / "metrics.jsonl") if r["split"] == "train"]
-              for d in (one, tmp_path / "two")]
+    losses = two_process_losses("segmentation_finetune", common, common, tmp_path)
     assert len(losses[0]) == len(losses[1]) == 6
     assert max(abs(a - b) for a, b in zip(*losses)) < 1e-5, losses
