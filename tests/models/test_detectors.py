@@ -127,3 +127,27 @@ def test_a_timm_backbone_under_the_fpn_trains_and_loads_its_own_weights(tmp_path
         build_detector(info, arch="fasterrcnn_resnet50_fpn", pretrained=False, backbone="timm:vit_tiny_patch16_224")
     with pytest.raises(UserError, match="'resnet_nope' is not a timm model"):
         build_detector(info, arch="fasterrcnn_resnet50_fpn", pretrained=False, backbone="timm:resnet_nope")
+
+
+def test_a_hostile_or_damaged_timm_backbone_file_is_one_line(tmp_path):
+    """backbone_weights is a path the user (or another user's job submission) names: a pickle that would run code is
+    refused unread by torch.load(weights_only=True), a truncated file too, each as one line naming the field."""
+    import pickle
+
+    from trainforge.errors import UserError
+    from trainforge.models.detectors import build_detector
+
+    info = DataInfo("detection", "image", (3, 64, 64), "float32", 3, ("__background__", "box", "disc"))
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    hostile = tmp_path / "evil.pth"
+    hostile.write_bytes(pickle.dumps(Payload()))
+    truncated = tmp_path / "cut.safetensors"
+    truncated.write_bytes(b"\x10\x00\x00")
+    for path, what in ((hostile, "would run code"), (truncated, "damaged or truncated")):
+        with pytest.raises(UserError, match=f"model.args.backbone_weights: .* is a .*{what}"):
+            build_detector(info, arch="fasterrcnn_resnet50_fpn", pretrained=False, backbone="timm:resnet18",
+                           backbone_weights=str(path))

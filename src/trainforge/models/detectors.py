@@ -252,7 +252,18 @@ def _timm_features(timm: Any, name: str, weights: Optional[str]) -> nn.Module:
         raise UserError(f"model.args.backbone_weights: {path} is not a file; point it at a state dict of timm's "
                         f"{name}, or use true for timm's own weights")
     model = timm.create_model(name, pretrained=False, features_only=True)
-    state = timm.models.load_state_dict(str(path))
+    try:
+        state = timm.models.load_state_dict(str(path), weights_only=True)
+    except Exception as e:  # noqa: BLE001 - unpickling, zip and safetensors errors share no narrower base
+        from trainforge.hub import weights_problem
+
+        problem = weights_problem(e) or (  # timm re-raises torch's refusal of a pickle as a RuntimeError
+            "a pickle that holds more than tensors (it would run code), refused by torch.load(weights_only=True)"
+            if "weights_only" in str(e) else None)
+        if problem is None:
+            raise
+        raise UserError(f"model.args.backbone_weights: {path} is {problem}; point it at a state dict of timm's "
+                        f"{name}", public=True) from None
     own = model.state_dict()
     fitting = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
     if len(fitting) < 0.9 * len(own):
