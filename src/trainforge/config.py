@@ -97,6 +97,9 @@ class DataConfig(Section):
     from_model: Optional[FromModelConfig] = None
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
     clean: CleanConfig = Field(default_factory=CleanConfig)
+    # a column (an index's, a table's, a record's key) whose value names each sample's group, e.g. patient_id:
+    # every sample of a group lands in one split (no patient in train and test)
+    group_by: Optional[str] = Field(None, min_length=1, max_length=200)
     num_workers: Union[int, Literal["auto"]] = "auto"
 
     @field_validator("num_workers")

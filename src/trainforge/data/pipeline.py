@@ -28,7 +28,7 @@ from trainforge.data.stages.clean import drop_failed_before
 from trainforge.data.stages.datasets import EvalDataset, TrainDataset
 from trainforge.data.stages.loader import ShardOrder
 from trainforge.data.stages.normalize import Normalizer, fit_normalizer, identity, model_normalizer
-from trainforge.data.stages.split import Splits, carve_val, contiguous_split, random_split
+from trainforge.data.stages.split import Splits, carve_val, contiguous_split, group_split, groups_per_split, random_split
 from trainforge.errors import UserError
 from trainforge.tasks import TASKS, task_of
 
@@ -60,6 +60,12 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     if isinstance(result, DataBundle):  # a custom factory built everything itself
         return result
     pool = result
+    if cfg.group_by is not None and pool.groups is None:
+        raise UserError(f"data.group_by: data.source {cfg.source!r} has no columns to group by; group samples with "
+                        "an index that names them (volumes, multimodal, csv, jsonl, an imagefolder index)",
+                        public=True)
+    if cfg.group_by is not None:
+        pool.notes = {**pool.notes, "group_by": cfg.group_by}
     pool = pool.samples.before_split(pool, cfg, stored)  # cleaned; a corpus or conversations tokenized
     if pool.failed_before is not None:  # files an earlier run could not decode (image folders)
         pool = drop_failed_before(pool, stored)
@@ -199,6 +205,9 @@ def split_pool(pool: Pool, cfg: DataConfig, seed: int) -> tuple[Splits, str]:
     n = len(pool.samples)
     if pool.splits is not None:  # prepared shards keep the splits they were written with
         return pool.splits, "prepared"
+    if pool.groups is not None:
+        assert pool.test_indices is None and cfg.group_by is not None
+        return group_split(pool.labels, pool.groups, cfg.val_fraction, cfg.test_fraction, seed, cfg.group_by)
     if pool.test_indices is not None:
         return carve_val(pool.labels, n, pool.test_indices, cfg.val_fraction, seed)
     if task_of(pool.info).ordered_splits and pool.samples.contiguous:
@@ -257,6 +266,8 @@ def data_report(
         "splits": {name: len(idx) for name, idx in splits.items()},
         "split_method": method,
     }
+    if pool.groups is not None:  # checked: no group is in two splits
+        report["groups_per_split"] = groups_per_split(pool.groups, splits)
     if pool.labels is not None:
         report["class_counts"] = {
             name: class_counts(pool.labels[idx], pool.info.class_names) for name, idx in splits.items()

@@ -99,3 +99,5 @@ class Pool:
     failed_before: Optional[np.ndarray] = None  # samples an earlier run could not read: dropped before the split
     splits: Optional[dict[str, np.ndarray]] = None  # the splits as the source stores them (prepared shards)
     train_shards: Optional[list[int]] = None  # samples per train shard, in train order: read shard by shard
+    # data.group_by: each sample's group (a patient id, as text): the split keeps every group's samples together
+    groups: Optional[np.ndarray] = None

@@ -69,6 +69,21 @@ def class_names_for(labels: list[str], declared: Optional[list[Any]]) -> list[st
     return sorted(unique)
 
 
+MISSING_GROUP = "missing_group"  # the drop reason of a sample whose data.group_by column is empty
+
+
+def group_reasons(cfg: DataConfig, reasons: tuple[str, ...]) -> tuple[str, ...]:
+    """A source's drop reasons, with missing_group when the data is grouped (data.group_by)."""
+    return reasons + (MISSING_GROUP,) if cfg.group_by is not None else reasons
+
+
+def no_group_column(cfg: DataConfig, where: str, columns: list[str]) -> UserError:
+    """data.group_by names a column no record of `where` has."""
+    listed = ", ".join(columns[:20]) or "(none)"
+    return UserError(f"data.group_by: {where} has no column {quote(cfg.group_by)} (columns: {listed}); set it to "
+                     "the column that names each sample's group, e.g. patient_id", public=True)
+
+
 MAX_UNKNOWN_LABELS = 10  # labels outside the declared classes named in the data report (most frequent first)
 
 

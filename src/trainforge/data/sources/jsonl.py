@@ -14,18 +14,22 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Union
 
+import numpy as np
 import torch
 from pydantic import Field
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import DropLog, Pool, TensorSamples
+from trainforge.data.pool import DROP_REASONS, DropLog, Pool, TensorSamples
 from trainforge.data.sources.common import (
+    MISSING_GROUP,
     SOURCES,
     SourceArgs,
     class_names_for,
+    group_reasons,
     label_notes,
     label_text,
+    no_group_column,
     parse_args,
     require_path,
 )
@@ -69,12 +73,16 @@ def records_pool(cfg: DataConfig, records: Iterable[tuple[str, Optional[Any]]], 
     error when records were read but none had a text."""
     subword = cfg.tokenizer in ("model", "bpe")
     declared = class_names_for([], a.classes) if a.classes else None
-    drops, unknown = DropLog(), Counter[str]()
-    tokens, labels, ids = [], [], []
+    drops, unknown = DropLog(group_reasons(cfg, DROP_REASONS)), Counter[str]()
+    tokens, labels, ids, groups = [], [], [], []
+    column, seen_column, columns = cfg.group_by, False, set()
     for ident, record in records:
         if not isinstance(record, dict) or not isinstance(record.get(a.text_field), str):
             drops.drop("corrupt", ident)
             continue
+        if column is not None:
+            columns.update(record)
+            seen_column |= column in record
         body = record[a.text_field]
         if not body.strip():
             drops.drop("empty_text", ident)
@@ -85,12 +93,20 @@ def records_pool(cfg: DataConfig, records: Iterable[tuple[str, Optional[Any]]], 
             if label is not None:
                 unknown[label] += 1
             continue
+        if column is not None:
+            group = label_text(record.get(column))
+            if group is None:
+                drops.drop(MISSING_GROUP, ident)
+                continue
+            groups.append(group)
         tokens.append(body if subword else encode(body, a.seq_len))
         labels.append(label)
         ids.append(ident)
 
     if not ids and no_text is not None and drops.total:
         raise UserError(no_text, public=True)
+    if column is not None and not seen_column:
+        raise no_group_column(cfg, Path(str(cfg.path)).name, sorted(map(str, columns)))
     names = class_names_for(labels, declared)
     index = {name: i for i, name in enumerate(names)}
     y = torch.tensor([index[label] for label in labels], dtype=torch.int64)
@@ -98,7 +114,7 @@ def records_pool(cfg: DataConfig, records: Iterable[tuple[str, Optional[Any]]], 
     if subword:  # vocabulary and padding are the tokenizer's: the pipeline completes info after the split
         info = DataInfo("classification", "text", (a.seq_len,), "int64", len(names), tuple(names), None, a.seq_len)
         return Pool(info, TextSamples(tokens, y, ids, a.seq_len), labels=y.numpy(), rows_read=len(ids) + drops.total,
-                    drops=drops, preprocess={"seq_len": a.seq_len}, notes=notes)
+                    drops=drops, preprocess={"seq_len": a.seq_len}, notes=notes, groups=_groups(column, groups))
     x = torch.tensor(tokens, dtype=torch.int64).reshape(len(tokens), a.seq_len)
     info = DataInfo(
         "classification", "text", (a.seq_len,), "int64", len(names), tuple(names), BYTES_VOCAB_SIZE, a.seq_len,
@@ -112,7 +128,12 @@ def records_pool(cfg: DataConfig, records: Iterable[tuple[str, Optional[Any]]], 
         drops=drops,
         preprocess={"tokenizer": "bytes", "seq_len": a.seq_len, "vocab_size": BYTES_VOCAB_SIZE},
         notes=notes,
+        groups=_groups(column, groups),
     )
+
+
+def _groups(column: Optional[str], groups: list[str]) -> Optional[np.ndarray]:
+    return None if column is None else np.asarray(groups, dtype=object)
 
 
 DELIMITERS = {".csv": ",", ".tsv": "\t"}

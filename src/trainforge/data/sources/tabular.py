@@ -2,7 +2,8 @@
 
 Rows with the wrong number of fields are dropped as corrupt, rows whose label is empty or not in
 the declared `classes` as bad_label; NaN/inf (and empty) features are left to the common cleaning
-(nonfinite). A non-numeric feature column is a UserError naming the column.
+(nonfinite). A non-numeric feature column is a UserError naming the column. The `data.group_by` column (a patient
+id) is no feature: it names each row's group, and a row where it is empty is dropped as missing_group.
 """
 from __future__ import annotations
 
@@ -11,16 +12,20 @@ import math
 from collections import Counter
 from typing import Optional, Union
 
+import numpy as np
 import torch
 
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
-from trainforge.data.pool import DropLog, Pool, TensorSamples
+from trainforge.data.pool import DROP_REASONS, DropLog, Pool, TensorSamples
 from trainforge.data.sources.common import (
+    MISSING_GROUP,
     SOURCES,
     SourceArgs,
     class_names_for,
+    group_reasons,
     label_notes,
+    no_group_column,
     parse_args,
     require_path,
 )
@@ -67,13 +72,18 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
                    "label column",
         )
     label_at = header.index(a.label_column)
-    feature_cols = [i for i in range(len(header)) if i != label_at]
+    group_at = None
+    if cfg.group_by is not None:
+        if cfg.group_by not in header or cfg.group_by == a.label_column:
+            raise no_group_column(cfg, path.name, [h for h in header if h != a.label_column])
+        group_at = header.index(cfg.group_by)
+    feature_cols = [i for i in range(len(header)) if i not in (label_at, group_at)]
     if not feature_cols:
         raise UserError(f"data.path: {path.name} has no feature columns besides {a.label_column!r}", public=True)
 
     declared = class_names_for([], a.classes) if a.classes else None
-    drops, unknown = DropLog(), Counter[str]()
-    features, labels, ids = [], [], []
+    drops, unknown = DropLog(group_reasons(cfg, DROP_REASONS)), Counter[str]()
+    features, labels, ids, groups = [], [], [], []
     for line, row in enumerate(rows[1:], start=2):  # line numbers as an editor shows them
         if not any(cell.strip() for cell in row):
             continue  # blank line: not a record
@@ -87,6 +97,12 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
             if label:
                 unknown[label] += 1
             continue
+        if group_at is not None:
+            group = row[group_at].strip()
+            if not group:
+                drops.drop(MISSING_GROUP, ident)
+                continue
+            groups.append(group)
         values = []
         for i in feature_cols:
             v = _number(row[i])
@@ -115,4 +131,5 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
         drops=drops,
         preprocess={"num_features": len(feature_cols), "feature_names": [header[i] for i in feature_cols]},
         notes=label_notes(declared, unknown),
+        groups=None if group_at is None else np.asarray(groups, dtype=object),
     )

@@ -79,13 +79,15 @@ def drop_failed_before(pool: Pool, stored: Optional[dict[str, Any]]) -> Pool:
 
 
 def _keep_only(pool: Pool, keep: np.ndarray) -> Pool:
-    """The pool with only the samples (and labels) `keep` marks."""
+    """The pool with only the samples (and their labels and groups) `keep` marks."""
     if keep.all():
         return pool
     idx = np.flatnonzero(keep)
     pool.samples = pool.samples.subset(idx)
     if pool.labels is not None:
         pool.labels = pool.labels[idx]
+    if pool.groups is not None:
+        pool.groups = pool.groups[idx]
     return pool
 
 

@@ -102,3 +102,47 @@ def carve_val(
     )
     method = "dataset test split; val " + ("stratified" if labels is not None and strat else "random")
     return {"train": train, "val": val, "test": np.sort(np.asarray(test_indices))}, method
+
+
+def group_split(
+    labels: Optional[np.ndarray], groups: np.ndarray, val_fraction: float, test_fraction: float, seed: int,
+    column: str,
+) -> tuple[Splits, str]:
+    """Seeded split of whole groups (`data.group_by`: every sample of a patient in one split): the val and test
+    parts take round(fraction x groups) groups each, drawn as `_holdout` draws samples; stratified by each group's
+    most common label wherever every label can be represented, else at random. Returns sample indices per split."""
+    names, of_sample = np.unique(groups, return_inverse=True)
+    n_groups = len(names)
+    n_test = int(round(n_groups * test_fraction))
+    n_val = int(round(n_groups * val_fraction))
+    if n_groups - n_val - n_test < 1:
+        raise UserError(
+            f"data.group_by: only {n_groups} distinct {column} values, too few to split whole groups with "
+            f"val_fraction={val_fraction} and test_fraction={test_fraction}; add data, lower the fractions, or "
+            "group by another column", public=True)
+    group_labels = None
+    if labels is not None:  # each group's most common label (ties: the lowest)
+        counts = np.zeros((n_groups, int(labels.max()) + 1), dtype=np.int64)
+        np.add.at(counts, (of_sample, labels), 1)
+        group_labels = counts.argmax(axis=1)
+    idx = np.arange(n_groups)
+    rest, test, strat_test = _holdout(idx, n_test, group_labels, derive_seed("split/test/groups", seed))
+    train, val, strat_val = _holdout(rest, n_val, None if group_labels is None else group_labels[rest],
+                                     derive_seed("split/val/groups", seed))
+    part = np.empty(n_groups, dtype=np.int64)
+    for k, chosen in enumerate((train, val, test)):
+        part[chosen] = k
+    of = part[of_sample]
+    splits = {name: np.flatnonzero(of == k) for k, name in enumerate(("train", "val", "test"))}
+    stratified = group_labels is not None and strat_test and strat_val
+    return splits, f"grouped by {column}, " + ("stratified" if stratified else "random")
+
+
+def groups_per_split(groups: np.ndarray, splits: Splits) -> dict[str, int]:
+    """How many distinct groups each split holds; an AssertionError if any group is in two splits (it never is:
+    `group_split` assigns groups, not samples; the data report states it was checked)."""
+    seen: dict[str, str] = {}
+    for name, idx in splits.items():
+        for g in np.unique(groups[idx]).tolist():
+            assert seen.setdefault(g, name) == name, f"group {g!r} is in the {seen[g]} and {name} splits"
+    return {name: int(len(np.unique(groups[idx]))) for name, idx in splits.items()}
