@@ -43,6 +43,8 @@ class AugmentConfig(Section):
     hflip: float = Field(0.0, ge=0, le=1)  # probability
     vflip: float = Field(0.0, ge=0, le=1)
     color_jitter: float = Field(0.0, ge=0, le=1)  # brightness/contrast/saturation strength
+    dflip: float = Field(0.0, ge=0, le=1)  # volumes: probability of a flip along the depth (slice) axis
+    intensity_shift: float = Field(0.0, ge=0, le=1)  # volumes: add one offset drawn from [-v, v] to every voxel
     token_crop: Optional[float] = Field(None, gt=0, le=1)  # text: keep a random window of >= this fraction
     token_dropout: float = Field(0.0, ge=0, le=0.5)  # text: probability each token is deleted
     token_mask: float = Field(0.0, ge=0, le=0.5)  # text: probability each token becomes the pad id

@@ -14,7 +14,7 @@ from trainforge.errors import UnknownNameError, UserError
 
 EXPECTED_SOURCES = {
     "chat", "coco", "csv", "custom", "digits", "hf_datasets", "imagefolder", "jsonl", "masks", "synthetic_images", "synthetic_text",
-    "textfile", "torchvision", "voc", "webdataset", "yolo",
+    "textfile", "torchvision", "voc", "volumes", "webdataset", "yolo",
 }
 
 

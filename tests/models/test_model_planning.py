@@ -14,6 +14,7 @@ IMAGES = DataInfo("classification", "image", (3, 32, 32), "float32", 10)
 TEXT = DataInfo("classification", "text", (32,), "int64", 4, vocab_size=100, seq_len=32)
 LM = DataInfo("lm", "text", (32,), "int64", 100, vocab_size=100, seq_len=32)
 MASKS = DataInfo("segmentation", "image", (3, 32, 32), "float32", 3, ("background", "box", "disc"))
+VOLUMES = DataInfo("classification", "volume", (1, 16, 16, 16), "float32", 2)
 
 CASES = {
     "mlp": (IMAGES, {}),
@@ -28,6 +29,7 @@ CASES = {
                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
                                                  "num_key_value_heads": 2, "vocab_size": 100}}),
     "timm": (IMAGES, {"arch": "test_resnet"}),
+    "monai": (VOLUMES, {"arch": "DenseNet121", "init_features": 8, "growth_rate": 4, "block_config": [2, 2]}),
     "segmenter": (MASKS, {"arch": "lraspp_mobilenet_v3_large", "pretrained": False}),  # logits (N, classes, H, W)  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
 }
 

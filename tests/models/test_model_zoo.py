@@ -14,6 +14,7 @@ from trainforge.models.base import InputSpec
 DIGITS = DataInfo("classification", "image", (1, 8, 8), "float32", 10)
 RGB32 = DataInfo("classification", "image", (3, 32, 32), "float32", 5)
 TABULAR = DataInfo("classification", "tabular", (12,), "float32", 3)
+VOLUMES = DataInfo("classification", "volume", (1, 12, 16, 20), "float32", 3)
 TEXT = DataInfo("classification", "text", (16,), "int64", 4, vocab_size=50, seq_len=16)
 LM = DataInfo("lm", "text", (16,), "int64", 64, vocab_size=64, seq_len=16)
 
@@ -41,6 +42,7 @@ CASES: dict[str, tuple[DataInfo, dict]] = {
         "model_type": "bert", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
         "intermediate_size": 32, "max_position_embeddings": 32}}}),
     "timm": (RGB32, {"args": {"arch": "test_resnet"}}),  # timm's tiny test architecture, random weights
+    "monai": (VOLUMES, {"args": {"arch": "DenseNet", "init_features": 8, "growth_rate": 4, "block_config": [2, 2]}}),
 }
 
 

@@ -170,3 +170,37 @@ def test_resumed_log_cuts_partial_line_and_appends(tmp_path):
         log.log({"split": "train", "step": 2})
     lines = path.read_text().splitlines()
     assert [_strict_loads(line)["step"] for line in lines] == [1, 2]
+
+
+def test_auroc_balanced_accuracy_sensitivity_specificity_equal_scikit_learns():
+    from sklearn.metrics import balanced_accuracy_score, confusion_matrix, roc_auc_score, roc_curve
+
+    from trainforge.tasks.classification import binary_auroc, rate_metrics, roc_points
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        k = 2 if trial % 2 else int(rng.integers(3, 6))
+        n = int(rng.integers(20, 300))
+        y = rng.integers(0, k, n)
+        y[:k] = np.arange(k)  # every class present
+        logits = rng.normal(size=(n, k)) + 1.5 * np.eye(k)[y] * (trial % 3)
+        if trial % 5 == 0:
+            logits = np.round(logits, 1)  # ties
+        probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+        pred = probs.argmax(1)
+        cm = confusion_matrix(y, pred, labels=list(range(k)))
+        got = rate_metrics(cm, probs, y)
+        assert got["balanced_accuracy"] == pytest.approx(balanced_accuracy_score(y, pred), abs=1e-12)
+        if k == 2:
+            assert got["auroc"] == pytest.approx(roc_auc_score(y, probs[:, 1]), abs=1e-12)
+            tn, fp, fn, tp = cm.ravel()
+            assert got["sensitivity"] == pytest.approx(tp / (tp + fn), abs=1e-12)
+            assert got["specificity"] == pytest.approx(tn / (tn + fp), abs=1e-12)
+            fpr, tpr, _ = roc_curve(y, probs[:, 1], drop_intermediate=False)
+            curve = roc_points(probs[:, 1], y == 1)
+            np.testing.assert_allclose(curve["fpr"], fpr, atol=1e-6)
+            np.testing.assert_allclose(curve["tpr"], tpr, atol=1e-6)
+        else:
+            assert got["auroc"] == pytest.approx(roc_auc_score(y, probs, multi_class="ovr", average="macro"), abs=1e-12)
+            assert got["sensitivity"] == pytest.approx(balanced_accuracy_score(y, pred), abs=1e-12)
+    assert binary_auroc(np.array([0.1, 0.2]), np.array([True, True])) is None  # one side empty

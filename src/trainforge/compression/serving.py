@@ -73,7 +73,7 @@ def normalization(stats: Optional[dict[str, Any]], width: int, modality: str, ar
         raise UserError(f"{artifact}: its normalization's constant_features must be channel/feature indices "
                         f"below {width}; re-export it")
     scale[constant] = 1.0
-    view = (-1, 1, 1) if modality == "image" else (-1,)
+    view = {"image": (-1, 1, 1), "volume": (-1, 1, 1, 1)}.get(modality, (-1,))  # as data/stages/normalize.py
     return a.astype(np.float32).reshape(view), scale.astype(np.float32).reshape(view)
 
 

@@ -19,10 +19,13 @@ from trainforge.data.sources import SOURCES
 from trainforge.data.stages.augment import (
     Augment,
     TextAugment,
+    VolumeAugment,
     build_augment,
     build_text_augment,
+    build_volume_augment,
     image_ops_set,
     text_ops_set,
+    volume_ops_set,
 )
 from trainforge.data.stages.clean import drop_failed_before
 from trainforge.data.stages.datasets import EvalDataset, TrainDataset
@@ -85,7 +88,7 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     info = pool.info
     if cfg.tokenizer is not None and info.modality != "text":
         warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
-    scaled = info.modality in ("image", "tabular")
+    scaled = info.modality in ("image", "tabular", "volume")
     sampled: dict[str, Any] = {}
     if spec is not None:
         normalizer = model_normalizer(spec.mean, spec.std, pool.value_range)
@@ -180,9 +183,14 @@ def preprocess_images(pool: Pool, spec: ImagePreprocess, cfg: DataConfig) -> Poo
 
 def choose_augment(
     cfg: AugmentConfig, info: DataInfo, value_range: tuple[float, float]
-) -> Union[Augment, TextAugment, None]:
+) -> Union[Augment, TextAugment, VolumeAugment, None]:
     """The train-split augmenter for this data; a warning names each setting that does not apply."""
     image_ops, text_ops = image_ops_set(cfg), text_ops_set(cfg)
+    if info.modality == "volume":
+        volume_ops = volume_ops_set(cfg)
+        _warn_ignored([n for n in image_ops + text_ops if n not in volume_ops],
+                      "a volume takes data.augment.hflip, vflip, dflip and intensity_shift")
+        return build_volume_augment(cfg)
     if info.modality == "image":
         _warn_ignored(text_ops, "token augmentation applies to text classification, this data is images")
         return build_augment(cfg, channels=info.input_shape[0], value_range=value_range)

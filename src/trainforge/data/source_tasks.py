@@ -20,6 +20,7 @@ SOURCE_TASK = {
     "textfile": "lm",
     "torchvision": "classification",
     "voc": "detection",
+    "volumes": "classification",
     "webdataset": "classification",
     "yolo": "detection",
 }

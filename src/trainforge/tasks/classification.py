@@ -84,14 +84,80 @@ def classification_metrics(y_true: np.ndarray, y_pred: np.ndarray, class_names: 
     }
 
 
+def average_ranks(scores: np.ndarray) -> np.ndarray:
+    """1-based ranks of `scores`, ties given their average rank (scipy's rankdata "average")."""
+    order = np.argsort(scores, kind="mergesort")
+    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
+    ranks = np.empty(len(scores), dtype=np.float64)
+    ranks[order] = np.repeat(first + (counts + 1) / 2, counts)
+    return ranks
+
+
+def binary_auroc(scores: np.ndarray, positive: np.ndarray) -> Optional[float]:
+    """The area under the ROC curve of `scores` for the `positive` mask, as the Mann-Whitney U statistic (ties count
+    half); None when one side is empty. Equal to scikit-learn's roc_auc_score (tests/training/test_metrics.py);
+    written here because importing scikit-learn or torchmetrics costs each training process 1-4 s."""
+    positive = np.asarray(positive, dtype=bool)
+    n_pos = int(positive.sum())
+    n_neg = len(positive) - n_pos
+    if n_pos == 0 or n_neg == 0:
+        return None
+    ranks = average_ranks(np.asarray(scores, dtype=np.float64))
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def roc_points(scores: np.ndarray, positive: np.ndarray) -> Optional[dict[str, list[float]]]:
+    """The ROC curve's corners (false and true positive rates at each distinct threshold, from (0, 0) to (1, 1));
+    None when one side is empty."""
+    positive = np.asarray(positive, dtype=bool)
+    if positive.all() or not positive.any():
+        return None
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="mergesort")
+    s, p = np.asarray(scores, dtype=np.float64)[order], positive[order]
+    last = np.r_[np.flatnonzero(np.diff(s) != 0), len(s) - 1]  # the last sample of each threshold
+    tp, fp = np.cumsum(p)[last], np.cumsum(~p)[last]
+    return {"fpr": [0.0, *(fp / fp[-1]).round(6).tolist()], "tpr": [0.0, *(tp / tp[-1]).round(6).tolist()]}
+
+
+def rate_metrics(cm: np.ndarray, probs: np.ndarray, y_true: np.ndarray) -> dict[str, Any]:
+    """balanced_accuracy (mean recall of the classes present), sensitivity and specificity (of the positive class,
+    the second one, for two classes; else the macro mean over the classes present) at the predicted class, and auroc
+    (of the positive class's probability for two classes; else macro one-vs-rest over the classes present with
+    samples of other classes too). None where undefined."""
+    support = cm.sum(axis=1)
+    present = np.flatnonzero(support > 0)
+    if present.size == 0:
+        return {"balanced_accuracy": None, "sensitivity": None, "specificity": None, "auroc": None}
+    tp = np.diag(cm).astype(np.float64)
+    fp = cm.sum(axis=0) - tp
+    tn = cm.sum() - support - fp
+    recall = np.divide(tp, support, out=np.zeros_like(tp), where=support > 0)
+    negatives = tn + fp
+    specificity = np.divide(tn, negatives, out=np.full_like(tp, np.nan), where=negatives > 0)
+    k = cm.shape[0]
+    if k == 2:
+        aucs = [binary_auroc(probs[:, 1], y_true == 1)]
+        sens = float(recall[1]) if support[1] > 0 else None
+        spec = None if np.isnan(specificity[1]) else float(specificity[1])
+    else:
+        aucs = [binary_auroc(probs[:, c], y_true == c) for c in present]
+        sens = float(recall[present].mean())
+        spec_present = specificity[present][~np.isnan(specificity[present])]
+        spec = float(spec_present.mean()) if spec_present.size else None
+    aucs = [a for a in aucs if a is not None]
+    return {"balanced_accuracy": float(recall[present].mean()), "sensitivity": sens, "specificity": spec,
+            "auroc": float(np.mean(aucs)) if aucs else None}
+
+
 @register_task
 class Classification(Task):
     name = "classification"
     title = "classification"
     description = "one class per sample (images, tabular rows, text): accuracy, macro-F1, confusion matrix"
-    metrics = ("loss", "accuracy", "macro_f1")
+    metrics = ("loss", "accuracy", "macro_f1", "balanced_accuracy", "auroc", "sensitivity", "specificity")
     default_metric = "accuracy"
-    higher_is_better = frozenset({"accuracy", "macro_f1"})
+    higher_is_better = frozenset({"accuracy", "macro_f1", "balanced_accuracy", "auroc", "sensitivity", "specificity"})
+    final_only = ("roc_curves",)
     predict_refusal = None
     token_augmentation = True
     quality = ("accuracy", "acc", "test accuracy")
@@ -159,18 +225,28 @@ class ClassEvaluation(Evaluation):
         super().__init__(task)
         self.names = list(names)
         self.preds: list = []
+        self.probs: list = []
         self.targets: list = []
 
     def add(self, output, target) -> None:
         super().add(output, target)
         self.preds.append(output.argmax(-1).cpu())
+        self.probs.append(output.detach().float().softmax(-1).cpu())
         self.targets.append(target.cpu())
 
     def result(self, detailed: bool) -> dict[str, Any]:
         import torch
 
-        m = classification_metrics(torch.cat(self.targets).numpy(), torch.cat(self.preds).numpy(), self.names)
+        probs = torch.cat(self.probs).double().numpy()
+        y_true = torch.cat(self.targets).numpy()
+        m = classification_metrics(y_true, torch.cat(self.preds).numpy(), self.names)
         out: dict[str, Any] = {"accuracy": m["accuracy"], "macro_f1": m["macro_f1"]}
+        if y_true.size:
+            out.update(rate_metrics(np.asarray(m["confusion_matrix"]), probs, y_true))
         if detailed:
             out.update(per_class=m["per_class"], confusion_matrix=m["confusion_matrix"], class_names=self.names)
+            if y_true.size:  # one curve per class (one-vs-rest; two classes: the positive one's)
+                shown = [1] if len(self.names) == 2 else range(len(self.names))
+                curves = {self.names[c]: roc_points(probs[:, c], y_true == c) for c in shown}
+                out["roc_curves"] = {name: c for name, c in curves.items() if c is not None}
         return out

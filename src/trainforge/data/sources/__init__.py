@@ -15,6 +15,7 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     textfile,
     torchvision_datasets,
     voc,
+    volumes,
     webdataset,
     yolo,
 )

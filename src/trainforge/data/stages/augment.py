@@ -25,6 +25,7 @@ CROP_RATIO = (3 / 4, 4 / 3)  # aspect ratio range of RandomResizedCrop
 MIN_WINDOW_TOKENS = 8  # a text window crop keeps at least this many tokens (all of a shorter text)
 IMAGE_OPS = ("rotation_deg", "crop_scale", "hflip", "vflip", "color_jitter")
 TEXT_OPS = ("token_crop", "token_dropout", "token_mask")
+VOLUME_OPS = ("hflip", "vflip", "dflip", "intensity_shift")  # on (C, D, H, W): flips along W, H, D; an offset
 
 
 def _uniform(g: torch.Generator, low: float, high: float) -> float:
@@ -201,13 +202,39 @@ def image_ops_set(cfg: AugmentConfig) -> list[str]:
     return [name for name in IMAGE_OPS if getattr(cfg, name)]
 
 
+def volume_ops_set(cfg: AugmentConfig) -> list[str]:
+    """The volume augmentation settings that are switched on, by name."""
+    return [name for name in VOLUME_OPS if getattr(cfg, name)]
+
+
+@dataclass(frozen=True)
+class VolumeAugment:
+    """A volume's train-split augmentation (C, D, H, W): a flip along each axis with its probability (dflip: D,
+    vflip: H, hflip: W), then one intensity offset from [-intensity_shift, intensity_shift]; drawn from `g` in that
+    order, so the same key gives the same volume in any process."""
+
+    cfg: AugmentConfig
+
+    def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        for p, axis in ((self.cfg.dflip, -3), (self.cfg.vflip, -2), (self.cfg.hflip, -1)):
+            if p > 0 and _uniform(g, 0.0, 1.0) < p:
+                x = torch.flip(x, (axis,))
+        if self.cfg.intensity_shift > 0:
+            x = x + _uniform(g, -self.cfg.intensity_shift, self.cfg.intensity_shift)
+        return x
+
+
+def build_volume_augment(cfg: AugmentConfig) -> Optional[VolumeAugment]:
+    return VolumeAugment(cfg) if volume_ops_set(cfg) else None
+
+
 def text_ops_set(cfg: AugmentConfig) -> list[str]:
     """The text augmentation settings that are switched on, by name."""
     return [name for name in TEXT_OPS if getattr(cfg, name)]
 
 
 def is_enabled(cfg: AugmentConfig) -> bool:
-    return bool(image_ops_set(cfg) or text_ops_set(cfg))
+    return bool(image_ops_set(cfg) or text_ops_set(cfg) or volume_ops_set(cfg))
 
 
 def build_augment(cfg: AugmentConfig, *, channels: int, value_range: tuple[float, float]) -> Optional[Augment]:

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 STD_FLOOR = 1e-6
+# how per-channel parameters broadcast over one sample: image (C, H, W), volume (C, D, H, W); else per feature (F)
+CHANNEL_VIEW = {"image": (-1, 1, 1), "volume": (-1, 1, 1, 1)}
 
 
 class Normalizer:
@@ -81,7 +83,7 @@ def _make(kind: str, a: torch.Tensor, b: torch.Tensor, modality: str, constant: 
     else:
         stats = {"min": a.tolist(), "max": b.tolist()}
     stats["constant_features"] = [int(i) for i in constant]
-    view = (-1, 1, 1) if modality == "image" else (-1,)
+    view = CHANNEL_VIEW.get(modality, (-1,))
     return Normalizer(kind, a.float().reshape(view), scale.float().reshape(view), stats)
 
 

@@ -1,0 +1,445 @@
+"""`volumes`: CT/MRI volumes, NIfTI files (`.nii`, `.nii.gz`) and DICOM series (a folder of one file per slice), for
+classification of a whole volume.
+
+data.path is a folder with one subfolder per class (each holding volumes), or an index (`.csv`, `.jsonl`) whose rows
+give `path` (relative to the index's folder, never outside it) and `label`, and any other columns (`patient_id`:
+`data.group_by` keeps a patient's volumes in one split).
+
+Read with MONAI's readers (NibabelReader, PydicomReader: the slices sorted by position, the rescale to Hounsfield units
+applied, DICOM's LPS geometry turned into RAS) and prepared with MONAI's transforms, in this order: reorientation
+(`orientation`, RAS by default), resampling to `spacing` (mm, bilinear), intensity windowing in HU (`window`:
+{center, width} or a preset: values below the window 0, above it 1, linear between), crop or pad about the centre
+to `size` (D, H, W... in the volume's RAS axes). A sample is float32 (1, *size) and its class.
+
+Each volume is read and checked once when the data is built; what it became is cached under
+`$TRAINFORGE_HOME/volumes/` keyed by its files (path, size, mtime) and the preprocessing settings, so a second run,
+a resume, `plan` or a DDP rank decodes no volume (data_report.json `volume_cache`: decoded, cached). Dropped and
+counted (data_report.json `dropped`, and the console): unreadable (not a volume the readers can decode: a cut
+.nii.gz, a PNG named .nii), bad_slices (a DICOM series with a slice missing, slices of other series, sizes or
+orientations mixed), no_geometry (spacing or orientation that cannot be read), duplicate_series (a SeriesInstanceUID
+seen in an earlier series), duplicate (a volume of the same voxels as an earlier one; data.clean.dedup),
+missing_label (no label, or one not in data.args.classes) and missing_group (data.group_by set, the value empty).
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import hashlib
+import io
+import json
+import logging
+import os
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterator, Literal, Optional, Union
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from trainforge.config import DataConfig
+from trainforge.data.base import DataInfo
+from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
+from trainforge.data.sources.common import (MISSING_GROUP, SOURCES, SourceArgs, class_names_for, group_reasons,
+                                            label_notes, label_text, no_group_column, parse_args, require_path)
+from trainforge.errors import UserError, quote
+from trainforge.files import trainforge_home
+
+WHAT = ("a folder with one subfolder of volumes (.nii, .nii.gz, DICOM series folders) per class, or an index "
+        "(.csv, .jsonl) of path,label[,patient_id,...]")
+REASONS = ("unreadable", "bad_slices", "no_geometry", "duplicate_series", "duplicate", "missing_label")
+NIFTI_SUFFIXES = (".nii", ".nii.gz")
+INDEX_SUFFIXES = (".csv", ".jsonl")
+CACHE_VERSION = 1
+# HU windows (center, width) radiologists read CT with
+WINDOW_PRESETS: dict[str, tuple[float, float]] = {
+    "lung": (-600.0, 1500.0), "soft_tissue": (40.0, 400.0), "bone": (400.0, 1800.0), "brain": (40.0, 80.0),
+}
+SLICE_GAP_TOLERANCE = 0.2  # slice positions more than 20% off the series' steady step: a slice is missing
+
+
+class Window(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    center: float
+    width: float
+
+
+class VolumeArgs(SourceArgs):
+    classes: Optional[list[Union[str, int]]] = None
+    size: list[int] = Field(default_factory=lambda: [64, 64, 64], min_length=3, max_length=3)
+    spacing: Optional[list[float]] = Field(None, min_length=3, max_length=3)  # mm per voxel after resampling
+    orientation: Optional[Literal["RAS", "LPS", "LAS", "RPS"]] = "RAS"
+    window: Optional[Union[str, Window]] = None  # a preset name or {center, width} in HU
+    path_column: str = "path"
+    label_column: str = "label"
+
+    @field_validator("window", mode="before")
+    @classmethod
+    def _window(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, str):
+            if v not in WINDOW_PRESETS:
+                raise ValueError(f"choose a preset ({', '.join(WINDOW_PRESETS)}) or give {{center, width}} in HU")
+            return v
+        if not isinstance(v, dict) or set(v) != {"center", "width"}:
+            raise ValueError("give {center, width} in HU, or a preset name")
+        window = Window.model_validate(v)
+        if not window.width > 0:
+            raise ValueError("the width must be above 0 HU (a window of no width maps every voxel to 0 or 1)")
+        return window
+
+    def model_post_init(self, _: Any) -> None:
+        if any(not 1 <= s <= 1024 for s in self.size):
+            raise UserError(f"data.args.size: each of the 3 sizes must be 1..1024 voxels, got {self.size}", public=True)
+        if self.spacing is not None and any(not (0 < s <= 100) for s in self.spacing):
+            raise UserError(f"data.args.spacing: each spacing must be above 0 and at most 100 mm, got {self.spacing}",
+                            public=True)
+
+    def window_range(self) -> Optional[tuple[float, float]]:
+        """(lowest, highest) HU of the window, or None."""
+        if self.window is None:
+            return None
+        center, width = (WINDOW_PRESETS[self.window] if isinstance(self.window, str)
+                         else (self.window.center, self.window.width))
+        return center - width / 2, center + width / 2
+
+    def settings(self) -> dict[str, Any]:
+        """What the prepared voxels depend on (the cache key, the stored preprocessing)."""
+        return {"size": list(self.size), "spacing": self.spacing, "orientation": self.orientation,
+                "window": None if self.window_range() is None else list(self.window_range())}
+
+
+# ---- reading (MONAI) and the checks MONAI's readers do not make
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """MONAI and pydicom warn about optional codecs and deprecations on every read: not the user's business."""
+    loggers = [logging.getLogger(name) for name in ("monai", "pydicom")]
+    levels = [log.level for log in loggers]
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        for log in loggers:
+            log.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for log, level in zip(loggers, levels):
+                log.setLevel(level)
+
+
+def window_hu(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """HU -> [0, 1] over the window [low, high], clipped (MONAI's ScaleIntensityRange)."""
+    from monai.transforms import ScaleIntensityRange
+
+    return ScaleIntensityRange(a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)(x)
+
+
+def prepare_volume(path: str, settings: dict[str, Any]) -> np.ndarray:
+    """A NIfTI file or a DICOM series folder read and prepared as `settings` say: float32 (1, *size)."""
+    from monai.transforms import LoadImage, Orientation, ResizeWithPadOrCrop, Spacing
+
+    reader = "PydicomReader" if os.path.isdir(path) else "NibabelReader"
+    with _quiet():
+        x = LoadImage(reader=reader, image_only=True, ensure_channel_first=True, dtype=np.float32)(path)
+        if x.ndim != 4:
+            raise ValueError(f"a {x.ndim - 1}-D image, not a volume")
+        if settings["orientation"]:
+            x = Orientation(settings["orientation"])(x)
+        if settings["spacing"]:
+            x = Spacing(pixdim=settings["spacing"], mode="bilinear")(x)
+        if settings["window"]:
+            x = window_hu(x, *settings["window"])
+        x = ResizeWithPadOrCrop(settings["size"])(x)
+    return np.ascontiguousarray(x.numpy() if hasattr(x, "numpy") else np.asarray(x), dtype=np.float32)
+
+
+def check_nifti(path: str) -> Optional[str]:
+    """None, or the drop reason of a NIfTI file whose header cannot be used (unreadable, no_geometry)."""
+    import nibabel as nib
+
+    try:
+        with _quiet():
+            img = nib.load(path)
+            affine, zooms = img.affine, img.header.get_zooms()[:3]
+            codes = (int(img.header["qform_code"]), int(img.header["sform_code"]))
+    except Exception:  # nibabel raises many types for a file that is not NIfTI
+        return "unreadable"
+    if len(img.shape) < 3:
+        return "unreadable"
+    # neither a qform nor an sform: nibabel falls back to a made-up orientation, not the scanner's
+    if codes == (0, 0) or not np.all(np.isfinite(affine)) or abs(np.linalg.det(affine[:3, :3])) < 1e-9 \
+            or min(zooms) <= 0:
+        return "no_geometry"
+    return None
+
+
+def check_series(folder: str) -> tuple[Optional[str], Optional[str]]:
+    """(the drop reason or None, the SeriesInstanceUID) of a DICOM series folder: every file a slice of one series,
+    of one size and orientation, at evenly spaced positions (a gap is a missing slice)."""
+    import pydicom
+
+    files = sorted(f for f in os.listdir(folder) if not f.startswith(".") and os.path.isfile(os.path.join(folder, f)))
+    if not files:
+        return "unreadable", None
+    heads = []
+    for f in files:
+        try:
+            with _quiet():
+                heads.append(pydicom.dcmread(os.path.join(folder, f), stop_before_pixels=True))
+        except Exception:  # pydicom raises many types for a file that is not DICOM
+            return "unreadable", None
+    uids = {str(getattr(h, "SeriesInstanceUID", "")) for h in heads}
+    uid = uids.pop() if len(uids) == 1 else None
+    try:
+        orient = {tuple(round(float(v), 4) for v in h.ImageOrientationPatient) for h in heads}
+        positions = [np.asarray([float(v) for v in h.ImagePositionPatient]) for h in heads]
+        spacing = [float(v) for v in heads[0].PixelSpacing]
+        sizes = {(int(h.Rows), int(h.Columns)) for h in heads}
+    except (AttributeError, TypeError, ValueError):
+        return "no_geometry", uid
+    if uid is None or len(orient) != 1 or len(sizes) != 1:
+        return "bad_slices", uid
+    if min(spacing) <= 0 or len(heads) < 2:
+        return "no_geometry", uid
+    row, col = np.asarray(next(iter(orient))[:3]), np.asarray(next(iter(orient))[3:])
+    along = np.sort([float(p @ np.cross(row, col)) for p in positions])
+    steps = np.diff(along)
+    step = float(np.median(steps))
+    if step <= 0 or np.any(np.abs(steps - step) > SLICE_GAP_TOLERANCE * step):
+        return "bad_slices", uid
+    return None, uid
+
+
+# ---- the cache of prepared volumes
+def cache_dir() -> Path:
+    return trainforge_home() / "volumes"
+
+
+def files_of(path: str) -> list[str]:
+    """The files a volume is read from: the file, or a series folder's files (not hidden), sorted."""
+    if os.path.isdir(path):
+        return [os.path.join(path, f) for f in sorted(os.listdir(path))
+                if not f.startswith(".") and os.path.isfile(os.path.join(path, f))]
+    return [path]
+
+
+def cache_key(path: str, settings: dict[str, Any]) -> str:
+    stamps = []
+    for f in files_of(path):
+        st = os.stat(f)
+        stamps.append([os.path.realpath(f), st.st_size, st.st_mtime_ns])
+    doc = json.dumps({"v": CACHE_VERSION, "files": stamps, "settings": settings}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()
+
+
+class Prepared:
+    """What the cache holds of one volume: the verdict (None = kept, else the drop reason), its SeriesInstanceUID,
+    the SHA-256 of its prepared voxels (duplicates) and where they are."""
+
+    def __init__(self, key: str, verdict: Optional[str], uid: Optional[str], digest: Optional[str]) -> None:
+        self.key, self.verdict, self.uid, self.digest = key, verdict, uid, digest
+
+    @property
+    def voxels_path(self) -> str:
+        return str(cache_dir() / f"{self.key}.npy")
+
+
+def prepared(path: str, settings: dict[str, Any], counts: Counter[str]) -> Prepared:
+    """The volume at `path` checked and prepared: from the cache, else read now (counted as decoded) and cached."""
+    try:
+        key = cache_key(path, settings)
+    except OSError:
+        return Prepared("", "unreadable", None, None)
+    facts = cache_dir() / f"{key}.json"
+    try:
+        doc = json.loads(facts.read_text())
+        hit = Prepared(key, doc["verdict"], doc["uid"], doc["digest"])
+        if hit.verdict is not None or os.path.isfile(hit.voxels_path):
+            counts["cached"] += 1
+            return hit
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    counts["decoded"] += 1
+    verdict, uid = check_series(path) if os.path.isdir(path) else (check_nifti(path), None)
+    digest = None
+    if verdict is None:
+        try:
+            voxels = prepare_volume(path, settings)
+        except Exception:  # MONAI / nibabel / pydicom raise many types for a volume they cannot read
+            verdict = "unreadable"
+        else:
+            digest = hashlib.sha256(voxels.tobytes()).hexdigest()
+            _write_atomic(Path(cache_dir() / f"{key}.npy"), lambda f: np.save(f, voxels))
+    _write_atomic(facts, lambda f: f.write(json.dumps({"verdict": verdict, "uid": uid, "digest": digest}).encode()))
+    return Prepared(key, verdict, uid, digest)
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    """Write through a temporary file and rename: a reader (another rank) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+# ---- the entries: a class-folder tree or an index
+class Entry:
+    def __init__(self, ident: str, path: str, record: dict[str, Any]) -> None:
+        self.ident, self.path, self.record = ident, path, record
+
+
+def is_volume(p: Path) -> bool:
+    return p.is_dir() or p.name.lower().endswith(NIFTI_SUFFIXES)
+
+
+def folder_entries(root: Path, a: VolumeArgs) -> list[Entry]:
+    entries = []
+    for cls in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for item in sorted(p for p in cls.iterdir() if not p.name.startswith(".") and is_volume(p)):
+            rel = item.relative_to(root).as_posix()
+            entries.append(Entry(rel, str(item), {a.label_column: cls.name}))
+    return entries
+
+
+def index_rows(path: Path) -> Iterator[tuple[str, Optional[dict[str, Any]]]]:
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        if path.suffix.lower() == ".csv":
+            rows = csv.DictReader(f)
+            for row in rows:
+                ok = None not in row and all(v is not None for v in row.values())
+                yield f"line {rows.line_num}", ({k: v.strip() for k, v in row.items()} if ok else None)
+            return
+        for n, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    record = None
+                yield f"line {n}", record if isinstance(record, dict) else None
+
+
+def index_entries(index: Path, a: VolumeArgs, drops: DropLog) -> tuple[list[Entry], set[str]]:
+    """The index's rows as entries (paths resolved under the index's folder; a row that is no record: unreadable),
+    and every column seen."""
+    base = index.parent.resolve()
+    entries, columns = [], set()
+    for where, record in index_rows(index):
+        if record is None or not isinstance(record.get(a.path_column), str) or not record[a.path_column].strip():
+            drops.drop("unreadable", f"{index.name} {where}")
+            continue
+        columns.update(record)
+        rel = record[a.path_column].strip()
+        target = (base / rel).resolve()
+        if not target.is_relative_to(base):
+            raise UserError(f"data.path: {index.name} {where}: {quote(rel)} is outside the index's folder; paths in "
+                            "an index are relative to it and stay below it", public=True)
+        entries.append(Entry(rel, str(target), record))
+    return entries, columns
+
+
+class VolumeSamples(Samples):
+    """The kept volumes: sample i is its prepared voxels (read from the cache) and its class."""
+
+    def __init__(self, ids: list[str], voxels: list[str], labels: np.ndarray) -> None:
+        self.ids, self.voxels, self.labels = ids, voxels, labels
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            x = np.load(self.voxels[index])
+        except (OSError, ValueError) as e:  # the cache was cleared under a running job
+            raise SampleUnreadable(f"{self.ids[index]} (its prepared voxels: {e})") from e
+        return torch.from_numpy(x), torch.tensor(int(self.labels[index]))
+
+    def subset(self, keep: np.ndarray) -> "VolumeSamples":
+        return VolumeSamples([self.ids[i] for i in keep], [self.voxels[i] for i in keep], self.labels[keep])
+
+
+def say_progress(done: int, total: int, decoded: int) -> None:
+    import sys
+
+    print(f"volumes: {done}/{total} read ({decoded} decoded, the rest from the cache)", file=sys.stderr, flush=True)
+
+
+PROGRESS_EVERY = 50
+
+
+@SOURCES.register("volumes")
+def volumes(cfg: DataConfig, *, seed: int) -> Pool:
+    """data.path: class folders of volumes or an index; args classes, size, spacing, orientation, window."""
+    a = parse_args(VolumeArgs, cfg)
+    root = require_path(cfg, WHAT)
+    if cfg.normalize == "model":
+        raise UserError("data.normalize: 'model' is for 2D images; a volume is scaled by data.args.window (HU) and "
+                        "then zscore, minmax or none", public=True)
+    drops = DropLog(group_reasons(cfg, REASONS))
+    if root.is_dir():
+        entries, columns = folder_entries(root, a), {a.path_column, a.label_column}
+        if cfg.group_by is not None:
+            raise no_group_column(cfg, f"the class folders of {root.name}", sorted(columns))
+    elif root.name.lower().endswith(INDEX_SUFFIXES):
+        entries, columns = index_entries(root, a, drops)
+        if cfg.group_by is not None and cfg.group_by not in columns:
+            raise no_group_column(cfg, root.name, sorted(columns))
+    else:
+        raise UserError(f"data.path: {root.name} is neither a folder nor an index (.csv, .jsonl); point it at {WHAT}",
+                        public=True)
+    if not entries and not drops.total:
+        raise UserError(f"data.path: {root} holds no volumes; point it at {WHAT}", public=True)
+    declared = class_names_for([], a.classes) if a.classes else None
+    settings = a.settings()
+    counts: Counter[str] = Counter(decoded=0, cached=0)
+    seen_uids: set[str] = set()
+    seen_digests: set[str] = set()
+    unknown: Counter[str] = Counter()
+    ids, voxels, labels, groups = [], [], [], []
+    for n, e in enumerate(entries, start=1):
+        if n % PROGRESS_EVERY == 0:
+            say_progress(n, len(entries), counts["decoded"])
+        label = label_text(e.record.get(a.label_column))
+        if label is None or (declared is not None and label not in declared):
+            drops.drop("missing_label", e.ident)
+            if label is not None:
+                unknown[label] += 1
+            continue
+        group = None
+        if cfg.group_by is not None:
+            group = label_text(e.record.get(cfg.group_by))
+            if group is None:
+                drops.drop(MISSING_GROUP, e.ident)
+                continue
+        if not os.path.exists(e.path) or not is_volume(Path(e.path)):
+            drops.drop("unreadable", e.ident)
+            continue
+        p = prepared(e.path, settings, counts)
+        if p.verdict is not None:
+            drops.drop(p.verdict, e.ident)
+            continue
+        if p.uid is not None and p.uid in seen_uids:
+            drops.drop("duplicate_series", e.ident)
+            continue
+        if cfg.clean.dedup and p.digest in seen_digests:
+            drops.drop("duplicate", e.ident)
+            continue
+        if p.uid is not None:
+            seen_uids.add(p.uid)
+        seen_digests.add(p.digest)
+        ids.append(e.ident)
+        voxels.append(p.voxels_path)
+        labels.append(label)
+        groups.append(group)
+    if len(entries) >= PROGRESS_EVERY:
+        say_progress(len(entries), len(entries), counts["decoded"])
+    names = class_names_for(labels, declared)
+    index = {name: i for i, name in enumerate(names)}
+    y = np.asarray([index[label] for label in labels], dtype=np.int64)
+    info = DataInfo("classification", "volume", (1, *a.size), "float32", len(names), tuple(names))
+    notes = {**label_notes(declared, unknown), "volume_cache": {**counts, "dir": str(cache_dir())},
+             "volume_preprocess": settings}
+    return Pool(info, VolumeSamples(ids, voxels, y), labels=y, rows_read=len(entries) + drops.total, drops=drops,
+                preprocess={"volume": settings}, notes=notes,
+                groups=None if cfg.group_by is None else np.asarray(groups, dtype=object))

@@ -1,0 +1,205 @@
+"""data.source: volumes: NIfTI and DICOM series read with MONAI to the same voxels, HU windowing, every cleaning
+reason counted on planted defects, the cache (a second build decodes nothing), patient-level splits, bad input."""
+from __future__ import annotations
+
+import gzip
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.data.data_helpers import data_cfg
+from tests.volume_data import shape_volume, write_dicom_series, write_nifti
+from trainforge.data import build_data
+from trainforge.errors import UserError
+
+SPACING = (0.8, 0.9, 1.5)
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
+
+
+def write_index(root: Path, rows: list[tuple[str, str, str]], name: str = "index.csv") -> Path:
+    index = root / name
+    index.write_text("path,label,patient_id\n" + "".join(f"{p},{y},{g}\n" for p, y, g in rows))
+    return index
+
+
+def volumes_cfg(path: Path, **args):
+    extra = {k: args.pop(k) for k in ("group_by", "val_fraction", "test_fraction") if k in args}
+    return data_cfg("volumes", path=str(path), normalize="none", args=args, **extra)
+
+
+def all_samples(bundle):
+    """{sample id: (voxels, label)} over the three splits, unaugmented."""
+    out = {}
+    for name in ("train", "val", "test"):
+        ds = getattr(bundle, name)
+        for i in range(len(ds)):
+            out[ds.samples.ids[int(ds.indices[i])]] = (ds[i] if name != "train" else ds[i])
+    return out
+
+
+def test_nifti_and_a_dicom_series_of_one_volume_give_the_same_voxels_after_resampling(tmp_path):
+    rng = np.random.default_rng(0)
+    root = tmp_path / "data"
+    rows = []
+    for i in range(3):
+        hu = shape_volume("cube" if i % 2 else "sphere", rng, size=20)
+        write_nifti(root / f"v{i}.nii.gz", hu, SPACING)
+        write_dicom_series(root / f"v{i}_dicom", hu, SPACING, patient_id=f"P{i}")
+        rows += [(f"v{i}.nii.gz", str(i % 2), f"P{i}"), (f"v{i}_dicom", str(i % 2), f"P{i}")]
+    index = write_index(root, rows)
+    cfg = volumes_cfg(index, size=[18, 16, 24], spacing=[1.2, 1.1, 1.3], val_fraction=0.2, test_fraction=0.2)
+    cfg.clean.dedup = False  # the pairs are the same voxels: that is the point here
+    samples = all_samples(build_data(cfg, seed=0))
+    assert len(samples) == 6
+    for i in range(3):
+        nifti, dicom = samples[f"v{i}.nii.gz"][0], samples[f"v{i}_dicom"][0]
+        assert nifti.shape == (1, 18, 16, 24)
+        assert float(nifti.max()) > 200  # HU: the shape (300 HU) is in the crop, not only padding
+        # a NIfTI header holds the spacing in float32 (0.8 mm is 0.800000012), DICOM as text: resampled to another
+        # grid the two differ by that rounding only, ~1e-4 HU
+        assert float((nifti - dicom).abs().max()) < 0.01
+
+
+def test_hu_windowing_is_the_direct_numpy_computation_exactly(tmp_path):
+    rng = np.random.default_rng(1)
+    hu = shape_volume("sphere", rng, size=16, noise_hu=400)  # spans the whole lung window and beyond
+    import nibabel as nib
+
+    root = tmp_path / "data"
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    nib.save(nib.Nifti1Image(hu, np.diag([1.0, 1.0, 1.0, 1.0])), str(root / "a" / "x.nii.gz"))  # RAS already
+    write_nifti(root / "b" / "y.nii.gz", shape_volume("cube", rng, size=16), (1.0, 1.0, 1.0))
+    for window, (lo, hi) in (("lung", (-1350.0, 150.0)), ({"center": 35, "width": 351}, (-140.5, 210.5))):
+        bundle = build_data(volumes_cfg(root, size=[16, 16, 16], window=window, val_fraction=0.0, test_fraction=0.0),
+                            seed=0)
+        x = all_samples(bundle)["a/x.nii.gz"][0].numpy()[0]
+        expected = np.clip((hu.astype(np.float32) - np.float32(lo)) / np.float32(hi - lo), 0, 1)
+        assert np.array_equal(x, expected), window
+        assert (expected == 1).any() and (0 < expected).any() and ((expected == 0).any() or window == "lung")
+
+
+def plant_defects(root: Path, rng) -> list[tuple[str, str, str]]:
+    """A good volume per class and one of each defect; returns index rows."""
+    import nibabel as nib
+
+    rows = []
+    for k in range(4):
+        write_nifti(root / f"good{k}.nii.gz", shape_volume(("sphere", "cube")[k % 2], rng, size=12), SPACING)
+        rows.append((f"good{k}.nii.gz", ("sphere", "cube")[k % 2], f"P{k}"))
+    write_dicom_series(root / "series_ok", shape_volume("cube", rng, size=12), SPACING, patient_id="P5",
+                       series_uid="1.2.3.4.5")
+    rows.append(("series_ok", "cube", "P5"))
+    # a truncated .nii.gz
+    data = (root / "good0.nii.gz").read_bytes()
+    (root / "cut.nii.gz").write_bytes(data[: len(data) // 2])
+    rows.append(("cut.nii.gz", "sphere", "P6"))
+    # a PNG named .nii
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(root / "photo.png")
+    shutil.copy(root / "photo.png", root / "photo.nii")
+    rows.append(("photo.nii", "sphere", "P6"))
+    # a DICOM series with a slice missing
+    write_dicom_series(root / "series_gap", shape_volume("cube", rng, size=12), SPACING, patient_id="P7",
+                       skip_slices=(5,))
+    rows.append(("series_gap", "cube", "P7"))
+    # a series whose SeriesInstanceUID an earlier series has
+    write_dicom_series(root / "series_again", shape_volume("sphere", rng, size=12), SPACING, patient_id="P8",
+                       series_uid="1.2.3.4.5")
+    rows.append(("series_again", "sphere", "P8"))
+    # a NIfTI whose orientation cannot be read: neither qform nor sform (codes 0, patched in the header's bytes)
+    nib.save(nib.Nifti1Image(shape_volume("cube", rng, size=12), np.eye(4)), str(root / "flat.nii"))
+    header = bytearray((root / "flat.nii").read_bytes())
+    header[252:256] = struct.pack("<2h", 0, 0)  # qform_code, sform_code
+    (root / "flat.nii").write_bytes(bytes(header))
+    rows.append(("flat.nii", "cube", "P9"))
+    # no label; a missing file
+    write_nifti(root / "nolabel.nii.gz", shape_volume("cube", rng, size=12), SPACING)
+    rows.append(("nolabel.nii.gz", "", "P10"))
+    rows.append(("missing.nii.gz", "cube", "P11"))
+    # the same voxels as good1
+    shutil.copy(root / "good1.nii.gz", root / "copy.nii.gz")
+    rows.append(("copy.nii.gz", "cube", "P12"))
+    return rows
+
+
+def test_every_cleaning_reason_is_counted_exactly_and_the_second_build_decodes_nothing(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    index = write_index(root, plant_defects(root, np.random.default_rng(2)))
+    cfg = volumes_cfg(index, size=[12, 12, 12], window="soft_tissue", val_fraction=0.2, test_fraction=0.2)
+    bundle = build_data(cfg, seed=0)
+    report = bundle.report
+    assert report["dropped"] == {"unreadable": 3, "bad_slices": 1, "no_geometry": 1, "duplicate_series": 1,
+                                 "duplicate": 1, "missing_label": 1}
+    assert sorted(report["dropped_examples"]["unreadable"]) == ["cut.nii.gz", "missing.nii.gz", "photo.nii"]
+    assert report["dropped_examples"]["bad_slices"] == ["series_gap"]
+    assert report["dropped_examples"]["duplicate_series"] == ["series_again"]
+    assert report["rows_kept"] == 5
+    assert report["volume_cache"]["decoded"] == 11 and report["volume_cache"]["cached"] == 0  # all but 2 read
+    again = build_data(cfg, seed=0).report
+    assert again["volume_cache"]["decoded"] == 0 and again["volume_cache"]["cached"] == 11
+    assert again["dropped"] == report["dropped"]
+
+
+def test_a_patient_split_of_volumes_keeps_each_patient_in_one_split(tmp_path):
+    rng = np.random.default_rng(3)
+    root = tmp_path / "data"
+    rows = []
+    for p in range(12):
+        for k in range(int(rng.integers(3, 6))):
+            kind = ("sphere", "cube")[p % 2]
+            write_nifti(root / f"p{p}" / f"s{k}.nii.gz", shape_volume(kind, rng, size=8), SPACING)
+            rows.append((f"p{p}/s{k}.nii.gz", kind, f"patient-{p}"))
+    index = write_index(root, rows)
+    bundle = build_data(volumes_cfg(index, size=[8, 8, 8], group_by="patient_id", val_fraction=0.2,
+                                    test_fraction=0.25), seed=0)
+    where = {}
+    for name in ("train", "val", "test"):
+        ds = getattr(bundle, name)
+        for i in ds.indices:
+            patient = ds.samples.ids[int(i)].split("/")[0]
+            assert where.setdefault(patient, name) == name, f"{patient} in {where[patient]} and {name}"
+    assert len(where) == 12
+    assert bundle.report["groups_per_split"] == {"train": 7, "val": 2, "test": 3}
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"window": {"center": 40, "width": 0}}, r"data.args.window: the width must be above 0 HU"),
+    ({"window": "liver"}, r"data.args.window: choose a preset \(lung, soft_tissue, bone, brain\)"),
+    ({"size": [64, 64]}, r"data.args.size: "),
+])
+def test_bad_volume_settings_are_one_line(tmp_path, setting, message):
+    root = tmp_path / "data"
+    write_nifti(root / "a" / "x.nii.gz", np.zeros((4, 4, 4), np.int16), SPACING)
+    with pytest.raises(UserError, match=message) as e:
+        build_data(volumes_cfg(root, **setting), seed=0)
+    assert "\n" not in str(e.value)
+
+
+def test_a_png_as_data_path_and_a_missing_group_column_are_one_line(tmp_path):
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "scan.png")
+    with pytest.raises(UserError, match=r"data.path: scan.png is neither a folder nor an index"):
+        build_data(volumes_cfg(tmp_path / "scan.png"), seed=0)
+    root = tmp_path / "data"
+    write_nifti(root / "x.nii.gz", np.zeros((4, 4, 4), np.int16), SPACING)
+    index = write_index(root, [("x.nii.gz", "a", "P1")])
+    with pytest.raises(UserError, match=r"data.group_by: index.csv has no column 'subject'"):
+        build_data(volumes_cfg(index, group_by="subject"), seed=0)
+    escape = write_index(root, [("../elsewhere.nii.gz", "a", "P1")], name="escape.csv")
+    with pytest.raises(UserError, match=r"escape.csv line 2: '../elsewhere.nii.gz' is outside the index's folder"):
+        build_data(volumes_cfg(escape), seed=0)
+
+
+def test_gzip_is_what_a_cut_file_breaks():  # the planted defect above is what it claims to be
+    assert gzip.compress(b"x" * 100)[:2] == b"\x1f\x8b"
