@@ -1,0 +1,120 @@
+"""CT volumes end to end (issue 29): MONAI's 3D DenseNet learns spheres from cubes on generated NIfTI and DICOM data
+split by patient; the second start decodes no volume; compress exports it to ONNX and `trainforge predict` serves a
+NIfTI file; a run SIGKILLed mid-epoch resumes bit-identical; two processes match one accumulating the same
+micro-batches."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import trainforge
+from test_crash_resume import assert_killed_run_matches_uninterrupted, two_process_losses
+from trainforge.cli import main
+from volume_data import shape_volume, write_dicom_series, write_nifti
+
+SMALL_NET = ["model.args={arch: DenseNet, init_features: 16, growth_rate: 8, block_config: [2, 2, 2]}"]
+
+
+def write_patients(root: Path, patients: int, size: int, seed: int) -> Path:
+    """3-5 volumes per patient, each a sphere or a cube (drawn), every fourth a DICOM series; an index CSV."""
+    rng = np.random.default_rng(seed)
+    rows = ["path,label,patient_id"]
+    for p in range(patients):
+        for k in range(int(rng.integers(3, 6))):
+            kind = ("sphere", "cube")[int(rng.integers(0, 2))]
+            hu = shape_volume(kind, rng, size=size)
+            if (p + k) % 4 == 0:
+                write_dicom_series(root / f"p{p}" / f"s{k}", hu, (1.0, 1.0, 1.5), patient_id=f"P{p}")
+                rows.append(f"p{p}/s{k},{kind},P{p}")
+            else:
+                write_nifti(root / f"p{p}" / f"v{k}.nii.gz", hu, (1.0, 1.0, 1.5))
+                rows.append(f"p{p}/v{k}.nii.gz,{kind},P{p}")
+    (root / "index.csv").write_text("\n".join(rows) + "\n")
+    return root / "index.csv"
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFORGE_HOME", str(tmp_path / "home"))
+
+
+@pytest.mark.slow
+def test_a_3d_densenet_learns_spheres_from_cubes_split_by_patient_and_serves_a_nifti_file(tmp_path, capsys):
+    index = write_patients(tmp_path / "data", patients=30, size=24, seed=0)
+    overrides = [f"data.path={index}", "data.args.size=[24, 24, 24]", "data.args.spacing=[1.0, 1.0, 1.5]",
+                 *SMALL_NET, "optim.lr=0.002", "train.epochs=40", "train.global_batch_size=16",
+                 "train.micro_batch_size=16", "schedule.warmup_steps=10", "train.eval_every_steps=40",
+                 "train.early_stopping=null", "log.progress=false", "log.tensorboard=false"]
+    run = tmp_path / "run"
+    assert trainforge.train(trainforge.load_config("ct_classification", overrides), run_dir=run).status == "completed"
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["balanced_accuracy"] > 0.9, ev  # chance: 0.5
+    assert ev["auroc"] > 0.9 and set(ev) >= {"auroc", "sensitivity", "specificity", "balanced_accuracy"}
+    assert ev["roc_curves"]["sphere"]["tpr"][-1] == 1.0
+    report = json.loads((run / "data_report.json").read_text())
+    assert report["group_by"] == "patient_id" and sum(report["groups_per_split"].values()) == 30
+    assert report["volume_cache"]["decoded"] == report["rows_read"]
+
+    again = tmp_path / "again"  # a second start: every volume from the cache
+    cfg = trainforge.load_config("ct_classification", [*overrides, "train.max_steps=1", "train.eval_every_steps=1"])
+    assert trainforge.train(cfg, run_dir=again).status == "completed"
+    cache = json.loads((again / "data_report.json").read_text())["volume_cache"]
+    assert cache["decoded"] == 0 and cache["cached"] == report["rows_read"]
+
+    with pytest.raises(SystemExit) as code:
+        main(["compress", str(run), "--bench-seconds", "0.2", "--calibration-samples", "8", "--json"])
+    assert code.value.code in (0, None)
+    rows = {v["name"]: v for v in json.loads(capsys.readouterr().out)["variants"]}
+    assert rows["fp32"]["max_abs_diff"] < 1e-3
+    assert rows["fp32"]["accuracy"] == pytest.approx(ev["accuracy"], abs=1e-6)
+
+    files = [str(p) for p in sorted((tmp_path / "data" / "p1").glob("*.nii.gz"))]
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(run / "compressed"), *files, "--variant", "fp32", "--json"])
+    assert code.value.code in (0, None)
+    predicted = json.loads(capsys.readouterr().out)["predictions"]
+    truth = {line.split(",")[0]: line.split(",")[1] for line in index.read_text().splitlines()[1:]}
+    for p in predicted:
+        assert p["label"] == truth[str(Path(p["input"]).relative_to(tmp_path / "data"))], p
+
+    png = tmp_path / "scan.png"
+    from PIL import Image
+
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(png)
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(run / "compressed"), str(png)])
+    assert code.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "INPUT:" in err and "is not a NIfTI file" in err and len(err.splitlines()) == 1
+
+
+TINY = ["data.args.size=[12, 12, 12]", "data.args.spacing=null", "data.augment={hflip: 0.5, dflip: 0.5, "
+        "intensity_shift: 0.1}", "model.args={arch: DenseNet, init_features: 8, growth_rate: 4, block_config: [2, 2]}",
+        "log.progress=false", "log.tensorboard=false", "train.early_stopping=null", "data.num_workers=0"]
+
+
+@pytest.fixture
+def tiny_volumes(tmp_path) -> Path:
+    return write_patients(tmp_path / "data", patients=8, size=12, seed=1)
+
+
+@pytest.mark.slow
+def test_a_3d_model_run_sigkilled_mid_epoch_resumes_bit_identical(tiny_volumes, tmp_path):
+    args = [f"data.path={tiny_volumes}", *TINY, "train.max_steps=24", "train.global_batch_size=4",
+            "train.micro_batch_size=2", "train.checkpoint_every_steps=3", "train.eval_every_steps=12",
+            "train.log_every_steps=1"]
+    assert_killed_run_matches_uninterrupted("ct_classification", args, tmp_path, steps=24)
+
+
+@pytest.mark.slow
+def test_two_processes_on_a_3d_model_match_one_accumulating_the_same_micro_batches(tiny_volumes, tmp_path):
+    # BatchNorm normalizes each micro-batch by its own statistics: one process accumulating two micro-batches of 2
+    # is the computation two processes of 2 make, one micro-batch of 4 is not
+    common = [f"data.path={tiny_volumes}", *TINY, "train.max_steps=6", "train.global_batch_size=4",
+              "train.micro_batch_size=2", "train.eval_every_steps=6", "train.log_every_steps=1"]
+    losses = two_process_losses("ct_classification", common, common, tmp_path)
+    assert len(losses[0]) == 6
+    np.testing.assert_allclose(losses[1], losses[0], atol=1e-5, rtol=0)
