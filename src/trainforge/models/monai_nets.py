@@ -37,13 +37,16 @@ CLASSIFIERS: dict[str, tuple[str, str, str]] = {
 
 
 def network_parameters(net: Callable[..., Any]) -> list[str]:
-    """The keyword arguments a MONAI network takes (a resnet* builder passes its kwargs on to ResNet)."""
+    """The keyword arguments a MONAI network takes (DenseNet121's kwargs go on to DenseNet, a resnet* builder's to
+    ResNet)."""
     import monai.networks.nets as nets
 
     params = inspect.signature(net).parameters
     names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()) and getattr(net, "__name__", "").startswith("resnet"):
-        names += network_parameters(nets.ResNet)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        forwards_to = nets.ResNet if getattr(net, "__name__", "").startswith("resnet") else nets.DenseNet
+        if forwards_to is not net:
+            names += network_parameters(forwards_to)
     return [n for n in names if n not in ("self", "pretrained", "progress", "block", "layers", "block_inplanes")]
 
 
