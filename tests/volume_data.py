@@ -79,3 +79,21 @@ def write_dicom_series(folder: Path, hu: np.ndarray, spacing: tuple[float, float
         ds.PixelData = (hu[:, :, k].T.astype(np.int32) + 1024).astype(np.uint16).tobytes()  # rows are y
         ds.save_as(folder / f"slice{k:03d}.dcm", enforce_file_format=True)
     return folder
+
+
+def write_patients(root: Path, patients: int, size: int, seed: int) -> Path:
+    """3-5 volumes per patient, each a sphere or a cube (drawn), every fourth a DICOM series; an index CSV."""
+    rng = np.random.default_rng(seed)
+    rows = ["path,label,patient_id"]
+    for p in range(patients):
+        for k in range(int(rng.integers(3, 6))):
+            kind = ("sphere", "cube")[int(rng.integers(0, 2))]
+            hu = shape_volume(kind, rng, size=size)
+            if (p + k) % 4 == 0:
+                write_dicom_series(root / f"p{p}" / f"s{k}", hu, (1.0, 1.0, 1.5), patient_id=f"P{p}")
+                rows.append(f"p{p}/s{k},{kind},P{p}")
+            else:
+                write_nifti(root / f"p{p}" / f"v{k}.nii.gz", hu, (1.0, 1.0, 1.5))
+                rows.append(f"p{p}/v{k}.nii.gz,{kind},P{p}")
+    (root / "index.csv").write_text("\n".join(rows) + "\n")
+    return root / "index.csv"

@@ -19,7 +19,9 @@ from safetensors.torch import save_file
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
 from trainforge.cli import main, recipe_summary
 from trainforge.tasks import TASKS
+from multimodal_data import write_drives
 from vision_data import MASK_CLASSES, write_masks, write_shapes
+from volume_data import write_patients
 
 COMMON = ["train.max_steps=2", "train.eval_every_steps=2", "log.progress=false", "log.tensorboard=false",
           "train.early_stopping=null"]
@@ -57,6 +59,12 @@ ON_FILES = {
     # Hugging Face's DETR recipe on a tiny DETR saved with its image processor (the hub folder's layout)
     "detr_finetune": lambda f: [f"data.path={f['boxes']}", f"model.args.config={f['detr']}", "data.args.image_size=96",
                                 "train.global_batch_size=2"],
+    # MONAI's 3D DenseNet on generated NIfTI and DICOM volumes, split by patient; the recipe's network, smaller
+    "ct_classification": lambda f: [f"data.path={f['volumes']}", "data.args.size=[64, 64, 64]",
+                                    "data.args.spacing=null", "model.args.init_features=8", "model.args.growth_rate=4",
+                                    "train.global_batch_size=2"],
+    "fusion_classifier": lambda f: [f"data.path={f['drives']}", "data.args.image_size=16",
+                                    "train.global_batch_size=4"],
     "segmentation_finetune": lambda f: [f"data.path={f['masks']}", f"model.args.pretrained={f['segmenter']}",
                                         f"data.args.classes=[{', '.join(MASK_CLASSES)}]", "data.args.image_size=64",
                                         "train.global_batch_size=2"],
@@ -102,12 +110,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
     torch.save(torchvision.models.get_model("fasterrcnn_mobilenet_v3_large_fpn", weights=None,
                                             weights_backbone=None).state_dict(), detector)
     write_masks(root / "masks", n=16, side=64, seed=0)
+    volumes = write_patients(root / "volumes", patients=6, size=16, seed=0)
+    drives = write_drives(root / "drives", 40, seed=0, missing_images=2)
     segmenter = root / "deeplabv3_mobilenet_v3_large.pth"
     torch.save(torchvision.models.get_model("deeplabv3_mobilenet_v3_large", weights=None, weights_backbone=None,
                                             aux_loss=True).state_dict(), segmenter)  # as torchvision's file: an aux head
     return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"), "boxes": root / "shapes" / "coco",
             "detector": detector, "detr": save_tiny_detr(root / "detr"), "masks": root / "masks", "segmenter": segmenter,
-            "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
+            "volumes": volumes, "drives": drives, "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
             "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
 
 
@@ -119,7 +129,8 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
 
     recipe = load_config(name)
     assert not Path(recipe.data.path).is_absolute()
-    vision = recipe.data.source in ("coco", "masks")  # a detector or a segmenter normalizes its images itself
+    # a detector or a segmenter normalizes its images itself; a volume is windowed, a multimodal sample z-scored
+    vision = recipe.data.source in ("coco", "masks", "volumes", "multimodal")
     if recipe.model.name == "hf" and not vision:
         assert recipe.data.tokenizer == "model"
     else:
@@ -149,6 +160,11 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path,
     assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
     if recipe.model.name == "segmenter":  # mIoU and the rest, per class too
         assert all(0 <= ev[k] <= 1 for k in ("miou", "dice", "pixel_accuracy")) and len(ev["per_class"]) == 3
+        return
+    if recipe.model.name in ("monai", "fusion"):  # the clinical metrics, and for volumes the patient split
+        assert all(k in ev for k in ("balanced_accuracy", "sensitivity", "specificity", "auroc"))
+        report = json.loads((run / "data_report.json").read_text())
+        assert (report.get("group_by") == "patient_id") == (recipe.model.name == "monai")
         return
     if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
         pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]

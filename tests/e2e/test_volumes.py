@@ -13,27 +13,9 @@ import pytest
 import trainforge
 from test_crash_resume import assert_killed_run_matches_uninterrupted, two_process_losses
 from trainforge.cli import main
-from volume_data import shape_volume, write_dicom_series, write_nifti
+from volume_data import write_patients
 
 SMALL_NET = ["model.args={arch: DenseNet, init_features: 16, growth_rate: 8, block_config: [2, 2, 2]}"]
-
-
-def write_patients(root: Path, patients: int, size: int, seed: int) -> Path:
-    """3-5 volumes per patient, each a sphere or a cube (drawn), every fourth a DICOM series; an index CSV."""
-    rng = np.random.default_rng(seed)
-    rows = ["path,label,patient_id"]
-    for p in range(patients):
-        for k in range(int(rng.integers(3, 6))):
-            kind = ("sphere", "cube")[int(rng.integers(0, 2))]
-            hu = shape_volume(kind, rng, size=size)
-            if (p + k) % 4 == 0:
-                write_dicom_series(root / f"p{p}" / f"s{k}", hu, (1.0, 1.0, 1.5), patient_id=f"P{p}")
-                rows.append(f"p{p}/s{k},{kind},P{p}")
-            else:
-                write_nifti(root / f"p{p}" / f"v{k}.nii.gz", hu, (1.0, 1.0, 1.5))
-                rows.append(f"p{p}/v{k}.nii.gz,{kind},P{p}")
-    (root / "index.csv").write_text("\n".join(rows) + "\n")
-    return root / "index.csv"
 
 
 @pytest.fixture(autouse=True)

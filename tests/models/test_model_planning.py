@@ -7,13 +7,16 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from trainforge.config import ModelConfig
-from trainforge.data.base import DataInfo
+from trainforge.data.base import DataInfo, InputInfo
 from trainforge.models import MODELS, build_model
 
 IMAGES = DataInfo("classification", "image", (3, 32, 32), "float32", 10)
 TEXT = DataInfo("classification", "text", (32,), "int64", 4, vocab_size=100, seq_len=32)
 LM = DataInfo("lm", "text", (32,), "int64", 100, vocab_size=100, seq_len=32)
 MASKS = DataInfo("segmentation", "image", (3, 32, 32), "float32", 3, ("background", "box", "disc"))
+DRIVES = DataInfo("classification", "multimodal", (3, 16, 16), "float32", 2, ("go", "stop"),
+                  inputs=(InputInfo("camera", (3, 16, 16), "float32", "image"),
+                          InputInfo("features", (5,), "float32", "tabular")))
 VOLUMES = DataInfo("classification", "volume", (1, 16, 16, 16), "float32", 2)
 
 CASES = {
@@ -29,6 +32,7 @@ CASES = {
                                                  "num_hidden_layers": 2, "num_attention_heads": 4,
                                                  "num_key_value_heads": 2, "vocab_size": 100}}),
     "timm": (IMAGES, {"arch": "test_resnet"}),
+    "fusion": (DRIVES, {"width": 16}),
     "monai": (VOLUMES, {"arch": "DenseNet121", "init_features": 8, "growth_rate": 4, "block_config": [2, 2]}),
     "segmenter": (MASKS, {"arch": "lraspp_mobilenet_v3_large", "pretrained": False}),  # logits (N, classes, H, W)  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
 }
@@ -45,7 +49,9 @@ def config(case: str) -> ModelConfig:
     return ModelConfig(name=case.replace("resnet50", "resnet"), args=CASES[case][1])
 
 
-def blank_input(spec, batch: int) -> torch.Tensor:
+def blank_input(spec, batch: int):
+    if hasattr(spec, "specs"):  # a model of several named inputs: a dict of them
+        return {name: blank_input(one, batch) for name, one in spec.specs}
     return torch.zeros((batch, *spec.shape), dtype=spec.dtype)
 
 

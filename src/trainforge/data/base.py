@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal, Optional
 from torch.utils.data import Dataset
 
 Task = str  # a task registered in trainforge.tasks.TASKS
-Modality = Literal["image", "tabular", "text", "volume"]
+Modality = Literal["image", "tabular", "text", "volume", "multimodal"]
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ SOURCE_TASK = {
     "imagefolder": "classification",
     "jsonl": "classification",
     "masks": "segmentation",
+    "multimodal": "classification",
     "synthetic_images": "classification",
     "synthetic_text": "classification",  # data.args.task: lm
     "textfile": "lm",

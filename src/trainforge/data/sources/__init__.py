@@ -10,6 +10,7 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     imagefolder,
     jsonl,
     masks,
+    multimodal,
     synthetic,
     tabular,
     textfile,
