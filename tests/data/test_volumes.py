@@ -203,3 +203,41 @@ def test_a_png_as_data_path_and_a_missing_group_column_are_one_line(tmp_path):
 
 def test_gzip_is_what_a_cut_file_breaks():  # the planted defect above is what it claims to be
     assert gzip.compress(b"x" * 100)[:2] == b"\x1f\x8b"
+
+
+def run_cli(*argv: str) -> "subprocess.CompletedProcess[str]":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "trainforge", *argv], capture_output=True, text=True, timeout=300)
+
+
+def test_bad_medical_and_multimodal_input_is_one_line_exit_2_through_the_cli(tmp_path):
+    """Issue 29's bad inputs, as a user meets them: a NIfTI path that is a PNG, a window of width 0, group_by naming
+    a column that is not there, a multimodal column of the wrong type. Nothing is written."""
+    from PIL import Image
+
+    from multimodal_data import write_drives
+
+    root = tmp_path / "data"
+    write_nifti(root / "x.nii.gz", np.zeros((4, 4, 4), np.int16), SPACING)
+    index = write_index(root, [("x.nii.gz", "a", "P1")])
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "scan.png")
+    drives = write_drives(tmp_path / "drives", 6, seed=0, side=8)
+    lines = drives.read_text().splitlines()
+    lines[3] = lines[3].replace(lines[3].split(",")[1], "fast", 1)
+    drives.write_text("\n".join(lines) + "\n")
+    cases = [
+        (["ct_classification", f"data.path={tmp_path / 'scan.png'}"], "data.path: scan.png is neither a folder"),
+        (["ct_classification", f"data.path={index}", "data.args.window={center: 40, width: 0}"],
+         "data.args.window: the width must be above 0 HU"),
+        (["ct_classification", f"data.path={index}", "data.group_by=subject"],
+         "data.group_by: index.csv has no column 'subject'"),
+        (["fusion_classifier", f"data.path={drives}"], "data.args.features: column 'speed' of index.csv holds 'fast'"),
+    ]
+    for args, message in cases:
+        run = tmp_path / "run"
+        out = run_cli("train", *args, "--run-dir", str(run))
+        err = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(err) == 1 and message in err[0], (args, out.stderr[-2000:])
+        assert not run.exists()

@@ -39,6 +39,12 @@ def test_a_3d_densenet_learns_spheres_from_cubes_split_by_patient_and_serves_a_n
     report = json.loads((run / "data_report.json").read_text())
     assert report["group_by"] == "patient_id" and sum(report["groups_per_split"].values()) == 30
     assert report["volume_cache"]["decoded"] == report["rows_read"]
+    from PIL import Image
+
+    picture = Image.open(run / "val_images.png")  # the validation volumes' middle slices, framed right or wrong
+    assert picture.size[0] == 4 * 136 and picture.size[1] in (136, 272)
+    html = (run / "report.html").read_text()
+    assert 'id="roc-curves"' in html and 'id="val-images"' in html
 
     again = tmp_path / "again"  # a second start: every volume from the cache
     cfg = trainforge.load_config("ct_classification", [*overrides, "train.max_steps=1", "train.eval_every_steps=1"])

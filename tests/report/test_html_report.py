@@ -180,6 +180,19 @@ def test_a_detection_run_gets_its_pr_curves_and_per_class_ap(tmp_path):
     assert "pr_curves in eval.json is not a recall list" in write_report(run).read_text()
 
 
+def test_a_classifier_gets_its_roc_curves_and_a_malformed_one_is_a_note(tmp_path):
+    run = tmp_path / "ct"
+    run.mkdir()
+    ev = {"split": "test", "accuracy": 0.9, "auroc": 0.93,
+          "roc_curves": {"sphere": {"fpr": [0.0, 0.1, 1.0], "tpr": [0.0, 0.8, 1.0]}}}
+    (run / "eval.json").write_text(json.dumps(ev))
+    html = write_report(run).read_text()
+    assert 'id="roc-curves"' in html and 'alt="ROC, test split (AUROC 0.930)"' in html
+    ev["roc_curves"]["sphere"]["tpr"] = [0.0, "x", 1.0]
+    (run / "eval.json").write_text(json.dumps(ev))
+    assert "roc_curves in eval.json holds values that are not numbers" in write_report(run).read_text()
+
+
 def test_the_validation_picture_is_embedded_with_its_step(tmp_path):
     from PIL import Image
 

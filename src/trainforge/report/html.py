@@ -20,7 +20,7 @@ import numpy as np
 
 from trainforge.errors import UserError
 from trainforge.files import write_text_atomic
-from trainforge.report.plots import confusion_matrix_png, pr_curves_png, training_charts
+from trainforge.report.plots import confusion_matrix_png, pr_curves_png, roc_curves_png, training_charts
 from trainforge.metrics_file import read_metrics
 from trainforge.layout import CONFIG, DATA_REPORT, EVAL, METRICS, REPORT, SAMPLES, VAL_IMAGES
 
@@ -67,6 +67,8 @@ def write_report(run_dir: Path, extra_sections: Sequence[tuple[str, str]] = ()) 
         sections.append(("val-images", "Validation images", _val_images_section(run_dir / VAL_IMAGES, rows)))
     if eval_json is not None and isinstance(eval_json.get("pr_curves"), Mapping):
         sections.append(("pr-curves", "Precision-recall curves", _pr_section(eval_json["pr_curves"])))
+    if eval_json is not None and isinstance(eval_json.get("roc_curves"), Mapping) and eval_json["roc_curves"]:
+        sections.append(("roc-curves", "ROC curves", _roc_section(eval_json["roc_curves"], eval_json.get("auroc"))))
     if eval_json is not None and isinstance(eval_json.get("per_class"), Mapping):
         sections.append(("per-class", "Per-class report", _per_class_table(eval_json["per_class"])))
     samples, _ = _read_rows(run_dir / SAMPLES_FILE)
@@ -180,6 +182,20 @@ def _pr_section(curves: Mapping[str, Any]) -> str:
     iou = curves.get("iou")
     title = f"Precision-recall per class, test split (IoU {iou})" if _is_number(iou) else "Precision-recall per class"
     return figure(title, pr_curves_png(points, lines, title))
+
+
+def _roc_section(curves: Mapping[str, Any], auroc: Any) -> str:
+    """eval.json's `roc_curves` ({class: {"fpr": [...], "tpr": [...]}}): one chart, a line per class."""
+    lines = {}
+    for name, curve in curves.items():
+        fpr, tpr = (curve.get(k) if isinstance(curve, Mapping) else None for k in ("fpr", "tpr"))
+        if not isinstance(fpr, list) or not isinstance(tpr, list) or len(fpr) != len(tpr):
+            return note("roc_curves in eval.json is not an fpr and a tpr list of the same length per class.")
+        if not all(_is_number(v) for v in (*fpr, *tpr)):
+            return note("roc_curves in eval.json holds values that are not numbers.")
+        lines[str(name)] = ([float(v) for v in fpr], [float(v) for v in tpr])
+    title = f"ROC, test split (AUROC {float(auroc):.3f})" if _is_number(auroc) else "ROC, test split"
+    return figure(title, roc_curves_png(lines, title))
 
 
 def _per_class_table(per_class: Mapping[str, Any]) -> str:

@@ -167,6 +167,26 @@ def pr_curves_png(recall: Sequence[float], precision: Mapping[str, Sequence[Opti
     return _png(fig)
 
 
+def roc_curves_png(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str) -> bytes:
+    """True against false positive rate, a line per class, with the chance diagonal."""
+    fig = Figure(figsize=(5.2, 4.2), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], linestyle=":", color="grey", linewidth=1)
+    for name, (fpr, tpr) in curves.items():
+        ax.step(fpr, tpr, where="post", linewidth=1.5, label=str(name))
+    ax.set_xlim(0.0, 1.0)
+    ax.set_ylim(0.0, 1.02)
+    ax.set_xlabel("false positive rate (1 - specificity)")
+    ax.set_ylabel("true positive rate (sensitivity)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    if curves:
+        for text in ax.legend(fontsize=8).get_texts():  # class names as plain text, never TeX
+            text.set_parse_math(False)
+    return _png(fig)
+
+
 def micro_batch_changes(rows: Sequence[Mapping]) -> list[tuple[float, str]]:
     """(step, "micro-batch 16 -> 8") wherever the train rows' micro-batch changed (out-of-memory recovery, a
     resume on another world size): the loss curve may bend there."""

@@ -220,13 +220,49 @@ def rank(probs: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in np.argsort(-probs, kind="stable")[:k]]
 
 
+PICTURED_VOLUMES = 8  # validation volumes in the report's picture: each one's middle slice, framed right or wrong
+SLICE_PX = 128
+RIGHT, WRONG = (40, 170, 60), (220, 40, 40)
+
+
 class ClassEvaluation(Evaluation):
     def __init__(self, task: Task, names: Sequence[str]) -> None:
         super().__init__(task)
         self.names = list(names)
+        self.slices: list[tuple[Any, bool]] = []  # a volume's middle slice (its last axis), predicted right
         self.preds: list = []
         self.probs: list = []
         self.targets: list = []
+
+    def add_batch(self, output, batch) -> None:
+        super().add_batch(output, batch)
+        x = self.task.inputs(batch)
+        take = PICTURED_VOLUMES - len(self.slices)
+        if take > 0 and getattr(x, "dim", lambda: 0)() == 5:  # volumes (N, C, D, H, W): the report shows slices
+            right = (output[:take].argmax(-1) == self.task.target(batch)[:take]).tolist()
+            for volume, ok in zip(x[:take], right):
+                self.slices.append((volume[0, :, :, volume.shape[-1] // 2].detach().float().cpu(), bool(ok)))
+
+    def picture(self) -> Optional[np.ndarray]:
+        """Volumes only: the middle slice of each of the first validation volumes, framed green where the class was
+        predicted right and red where wrong, in a row of up to four a line."""
+        import torch.nn.functional as F
+
+        if not self.slices:
+            return None
+        tiles = []
+        for plane, ok in self.slices:
+            lo, hi = float(plane.min()), float(plane.max())
+            big = F.interpolate(((plane - lo) / max(hi - lo, 1e-6))[None, None], size=(SLICE_PX, SLICE_PX),
+                                mode="bilinear")[0, 0]
+            gray = np.uint8(255 * big.clamp(0, 1).numpy())
+            tile = np.empty((SLICE_PX + 8, SLICE_PX + 8, 3), np.uint8)
+            tile[:] = RIGHT if ok else WRONG
+            tile[4:-4, 4:-4] = gray[..., None]
+            tiles.append(tile)
+        blank = np.full_like(tiles[0], 255)
+        rows = [tiles[i:i + 4] + [blank] * (4 - len(tiles[i:i + 4])) for i in range(0, len(tiles), 4)]
+        return np.concatenate([np.concatenate(r, axis=1) for r in rows], axis=0)
 
     def add(self, output, target) -> None:
         super().add(output, target)
