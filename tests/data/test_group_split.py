@@ -119,3 +119,38 @@ def test_a_group_column_that_is_not_there_is_one_line(tmp_path, source):
 def test_a_source_without_columns_refuses_group_by():
     with pytest.raises(UserError, match="data.group_by: data.source 'digits' has no columns to group by"):
         build_data(data_cfg("digits", group_by="patient_id"), seed=0)
+
+
+def test_an_image_folder_index_grouped_by_patient(tmp_path):
+    """imagefolder's data.path may be an index (path,label,patient_id): every patient's images in one split; a
+    path leaving the index's folder is refused."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rows = ["path,label,patient_id"]
+    for p in range(20):
+        for k in range(int(rng.integers(3, 6))):
+            rel = f"p{p}/img{k}.png"
+            (tmp_path / f"p{p}").mkdir(exist_ok=True)
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / rel)
+            rows.append(f"{rel},{('benign', 'malignant')[p % 2]},patient-{p}")
+    rows.append("p0/missing.png,benign,patient-0")  # not there: corrupt
+    rows.append("p1/img0.png,benign,")  # no patient
+    index = tmp_path / "index.csv"
+    index.write_text("\n".join(rows) + "\n")
+    bundle = build_data(data_cfg("imagefolder", path=str(index), group_by="patient_id", args={"image_size": 8}),
+                        seed=0)
+    assert bundle.info.class_names == ("benign", "malignant")
+    assert bundle.report["dropped"]["corrupt"] == 1 and bundle.report["dropped"]["missing_group"] == 1
+    where: dict[str, str] = {}
+    for name in ("train", "val", "test"):
+        ds = getattr(bundle, name)
+        for i in ds.indices:
+            patient = ds.samples.ids[int(i)].split("/")[0]
+            assert where.setdefault(patient, name) == name, f"{patient} in {where[patient]} and {name}"
+    assert len(where) == 20 and sum(bundle.report["groups_per_split"].values()) == 20
+    x, _ = bundle.test[0]
+    assert x.shape == (3, 8, 8)
+    index.write_text("path,label\n../outside.png,benign\n")
+    with pytest.raises(UserError, match=r"index.csv line 2: '../outside.png' is outside the index's folder"):
+        build_data(data_cfg("imagefolder", path=str(index)), seed=0)

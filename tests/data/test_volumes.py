@@ -145,6 +145,10 @@ def test_every_cleaning_reason_is_counted_exactly_and_the_second_build_decodes_n
     assert report["dropped_examples"]["duplicate_series"] == ["series_again"]
     assert report["rows_kept"] == 5
     assert report["volume_cache"]["decoded"] == 11 and report["volume_cache"]["cached"] == 0  # all but 2 read
+    from trainforge.data.summary import summarize  # the line the console shows
+
+    assert ("dropped 8 (unreadable 3, bad_slices 1, no_geometry 1, duplicate_series 1, duplicate 1, missing_label 1)"
+            in summarize(report).line)
     again = build_data(cfg, seed=0).report
     assert again["volume_cache"]["decoded"] == 0 and again["volume_cache"]["cached"] == 11
     assert again["dropped"] == report["dropped"]

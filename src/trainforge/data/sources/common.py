@@ -6,9 +6,11 @@ model, so unknown keys and wrong types become one-line UserErrors naming `data.a
 """
 from __future__ import annotations
 
+import csv
+import json
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, Iterator, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -67,6 +69,46 @@ def class_names_for(labels: list[str], declared: Optional[list[Any]]) -> list[st
     if all(_is_int(s) for s in unique):
         return sorted(unique, key=int)
     return sorted(unique)
+
+
+INDEX_SUFFIXES = (".csv", ".jsonl", ".parquet")  # an index: a row per sample, its files by path relative to it
+
+
+def read_index(path: Path) -> Iterator[tuple[str, Optional[dict[str, Any]]]]:
+    """(where, record) per row of an index (.csv with a header, .jsonl, .parquet); None where a row is no record
+    (a CSV row of more or fewer cells than the header, a line that is not a JSON object)."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq  # datasets' dependency
+
+        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
+            yield f"row {i}", row
+        return
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        if suffix == ".csv":
+            rows = csv.DictReader(f)
+            for row in rows:
+                ok = None not in row and all(v is not None for v in row.values())
+                yield f"line {rows.line_num}", ({k: v.strip() for k, v in row.items()} if ok else None)
+            return
+        for n, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    record = None
+                yield f"line {n}", record if isinstance(record, dict) else None
+
+
+def under_index(index: Path, rel: str, where: str) -> Path:
+    """`rel` (a path in an index) resolved against the index's folder; one that leaves the folder (`..`, an absolute
+    path, a link pointing out) is a UserError: an index names files below it, nothing else."""
+    base = index.parent.resolve()
+    target = (base / rel).resolve()
+    if not target.is_relative_to(base):
+        raise UserError(f"data.path: {index.name} {where}: {quote(rel)} is outside the index's folder; paths in an "
+                        "index are relative to it and stay below it", public=True)
+    return target
 
 
 MISSING_GROUP = "missing_group"  # the drop reason of a sample whose data.group_by column is empty

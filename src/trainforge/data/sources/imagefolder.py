@@ -12,6 +12,7 @@ its split.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -23,9 +24,13 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.image.preprocess import ImagePreprocess
 from trainforge.data.image.read import read_image, read_model_image
-from trainforge.data.formats.manifest import CORRUPT, DECODE_FAILED, IMAGE_SUFFIXES, OK, FailureLog, folder_manifest
-from trainforge.data.pool import MAX_DROP_EXAMPLES, DropLog, Pool, Samples, SampleUnreadable
-from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
+from trainforge.data.formats.manifest import (CORRUPT, DECODE_FAILED, IMAGE_SUFFIXES, OK, FailureLog, folder_manifest,
+                                              read_files)
+from trainforge.data.pool import DROP_REASONS, MAX_DROP_EXAMPLES, DropLog, Pool, Samples, SampleUnreadable
+from trainforge.data.sources.common import (INDEX_SUFFIXES, MISSING_GROUP, SOURCES, SourceArgs, class_names_for,
+                                            group_reasons, label_text, no_group_column, parse_args, read_index,
+                                            require_path, under_index)
+from trainforge.hardware.cpus import available_cpus
 from trainforge.errors import UserError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageFiles", "imagefolder", "load_image"]
@@ -85,6 +90,64 @@ class ImageFiles(Samples):
         return {"decode_failed": len(hits), "examples": hits[:MAX_DROP_EXAMPLES]}
 
 
+def index_pool(cfg: DataConfig, a: "ImageFolderArgs", index: Path) -> Pool:
+    """Images listed by an index (`path`, relative to it, and `label`, and any other columns: `data.group_by`). Each
+    file is read once (SHA-256, header; the image-folder reader), not remembered in a manifest: dropped and counted
+    as a folder's are (corrupt, duplicate), and a row without a path as corrupt, without a label as bad_label."""
+    drops = DropLog(group_reasons(cfg, DROP_REASONS))
+    rows, columns, not_rows = [], set(), 0
+    for where, record in read_index(index):
+        if record is None or not isinstance(record.get("path"), str) or not record["path"].strip():
+            drops.drop("corrupt", f"{index.name} {where}")
+            not_rows += 1
+            continue
+        columns.update(record)
+        rows.append((where, record))
+    if cfg.group_by is not None and rows and cfg.group_by not in columns:
+        raise no_group_column(cfg, index.name, sorted(columns))
+    listed = []
+    for where, record in rows:
+        label = label_text(record.get("label"))
+        if label is None:
+            drops.drop("bad_label", f"{index.name} {where}")
+            continue
+        group = None
+        if cfg.group_by is not None:
+            group = label_text(record.get(cfg.group_by))
+            if group is None:
+                drops.drop(MISSING_GROUP, f"{index.name} {where}")
+                continue
+        rel = record["path"].strip()
+        listed.append((rel, str(under_index(index, rel, where)), label, group))
+    reads = read_files([target for _, target, _, _ in listed], available_cpus())
+    kept, seen = [], set()
+    for (rel, target, label, group), (digest, _, _, _, _, verdict) in zip(listed, reads):
+        if verdict != OK or not digest:
+            drops.drop("corrupt", rel)
+            continue
+        if cfg.clean.dedup and digest in seen:
+            drops.drop("duplicate", rel)
+            continue
+        seen.add(digest)
+        st = os.stat(target)
+        kept.append((rel, label, group, (st.st_size, st.st_mtime_ns)))
+    names = class_names_for([label for _, label, _, _ in kept], None)
+    if len(names) < 2:
+        raise UserError(f"data.path: {index.name} lists {len(names)} class(es) among its readable images; need at "
+                        "least 2", public=True)
+    lookup = {name: i for i, name in enumerate(names)}
+    labels = np.asarray([lookup[label] for _, label, _, _ in kept], dtype=np.int64)
+    stamps = np.asarray([s for _, _, _, s in kept], dtype=np.int64).reshape(-1, 2)
+    channels = 1 if a.grayscale else 3
+    info = DataInfo("classification", "image", (channels, a.image_size, a.image_size), "float32", len(names),
+                    tuple(names))
+    samples = ImageFiles(str(index.parent), [rel for rel, _, _, _ in kept], labels, stamps, a.image_size, a.grayscale)
+    return Pool(info, samples, labels=labels, rows_read=len(rows) + not_rows,
+                drops=drops, preprocess={"image_size": a.image_size, "channels": channels, "grayscale": a.grayscale},
+                notes={"index": index.name},
+                groups=None if cfg.group_by is None else np.asarray([g for _, _, g, _ in kept], dtype=object))
+
+
 class ImageFolderArgs(SourceArgs):
     image_size: int = Field(32, gt=0)
     grayscale: bool = False
@@ -94,7 +157,12 @@ class ImageFolderArgs(SourceArgs):
 def imagefolder(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: root/<class>/<image>; args image_size (32), grayscale (false)."""
     a = parse_args(ImageFolderArgs, cfg)
-    root = require_path(cfg, "a folder with one subfolder of images per class")
+    root = require_path(cfg, "a folder with one subfolder of images per class, or an index (.csv, .jsonl, .parquet) "
+                             "of path,label[,patient_id,...]")
+    if root.is_file() and root.suffix.lower() in INDEX_SUFFIXES:
+        return index_pool(cfg, a, root)
+    if cfg.group_by is not None:
+        raise no_group_column(cfg, f"the class folders of {root.name}", ["path", "label"])
     if not root.is_dir():
         raise UserError(f"data.path: {root} is a file; point it at a folder with one subfolder of images per class",
                         public=True)

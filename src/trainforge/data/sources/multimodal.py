@@ -20,12 +20,9 @@ path in an image column) is one line naming the column and the row: the index is
 """
 from __future__ import annotations
 
-import csv
-import json
 import math
 from collections import Counter
-from pathlib import Path
-from typing import Any, Iterator, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 import torch
@@ -35,8 +32,9 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo, InputInfo
 from trainforge.data.formats.manifest import IMAGE_SUFFIXES
 from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
-from trainforge.data.sources.common import (MISSING_GROUP, SOURCES, SourceArgs, class_names_for, group_reasons,
-                                            label_notes, label_text, no_group_column, parse_args, require_path)
+from trainforge.data.sources.common import (INDEX_SUFFIXES, MISSING_GROUP, SOURCES, SourceArgs, class_names_for,
+                                            group_reasons, label_notes, label_text, no_group_column, parse_args,
+                                            read_index, require_path, under_index)
 from trainforge.errors import UserError, quote
 
 WHAT = "an index (.csv, .jsonl, .parquet) with a label column and image, feature or categorical columns"
@@ -54,31 +52,6 @@ class MultimodalArgs(SourceArgs):
     image_size: int = Field(64, gt=0, le=4096)
     grayscale: bool = False
     missing: Literal["drop", "zero"] = "drop"
-
-
-def read_index(path: Path) -> Iterator[tuple[str, Optional[dict[str, Any]]]]:
-    """(where, record) per row; None where a row is no record."""
-    suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq  # datasets' dependency
-
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield f"row {i}", row
-        return
-    with path.open(encoding="utf-8", errors="replace", newline="") as f:
-        if suffix == ".csv":
-            rows = csv.DictReader(f)
-            for row in rows:
-                ok = None not in row and all(v is not None for v in row.values())
-                yield f"line {rows.line_num}", ({k: v.strip() for k, v in row.items()} if ok else None)
-            return
-        for n, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    record = None
-                yield f"line {n}", record if isinstance(record, dict) else None
 
 
 def _empty(value: Any) -> bool:
@@ -184,7 +157,7 @@ def multimodal(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: an index; args images, features, categorical, label_column, classes, image_size, missing."""
     a = parse_args(MultimodalArgs, cfg)
     index = require_path(cfg, WHAT)
-    if not index.is_file() or index.suffix.lower() not in (".csv", ".jsonl", ".parquet"):
+    if not index.is_file() or index.suffix.lower() not in INDEX_SUFFIXES:
         raise UserError(f"data.path: {index.name} is not an index (.csv, .jsonl, .parquet); point it at {WHAT}",
                         public=True)
     if not (a.images or a.features or a.categorical):
@@ -197,7 +170,6 @@ def multimodal(cfg: DataConfig, *, seed: int) -> Pool:
     if cfg.normalize == "model":
         raise UserError("data.normalize: 'model' is for one image input; a multimodal sample's features are z-scored "
                         "and its images read as [0, 1] pixels", public=True)
-    base = index.parent.resolve()
     records: list[tuple[str, dict[str, Any]]] = []
     drops = DropLog(group_reasons(cfg, ("corrupt", "missing_label",
                                         *(f"missing_{c}" for c in a.images),
@@ -245,10 +217,7 @@ def multimodal(cfg: DataConfig, *, seed: int) -> Pool:
                 raise UserError(f"data.args.images: column {quote(column)} of {index.name} holds {quote(value)} "
                                 f"({where}), not an image path ({', '.join(sorted(IMAGE_SUFFIXES))}); name image "
                                 "columns only", public=True)
-            target = (base / value.strip()).resolve()
-            if not target.is_relative_to(base):
-                raise UserError(f"data.path: {index.name} {where}: {quote(value)} is outside the index's folder; paths "
-                                "in an index are relative to it and stay below it", public=True)
+            target = under_index(index, value.strip(), where)
             paths[column] = str(target) if target.is_file() else None
         vector: list[float] = []
         numbers = [number(record.get(c), c, where, index.name) for c in a.features]

@@ -1,7 +1,7 @@
 """`volumes`: CT/MRI volumes, NIfTI files (`.nii`, `.nii.gz`) and DICOM series (a folder of one file per slice), for
 classification of a whole volume.
 
-data.path is a folder with one subfolder per class (each holding volumes), or an index (`.csv`, `.jsonl`) whose rows
+data.path is a folder with one subfolder per class (each holding volumes), or an index (`.csv`, `.jsonl`, `.parquet`) whose rows
 give `path` (relative to the index's folder, never outside it) and `label`, and any other columns (`patient_id`:
 `data.group_by` keeps a patient's volumes in one split).
 
@@ -23,7 +23,6 @@ missing_label (no label, or one not in data.args.classes) and missing_group (dat
 from __future__ import annotations
 
 import contextlib
-import csv
 import hashlib
 import io
 import json
@@ -41,16 +40,16 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
-from trainforge.data.sources.common import (MISSING_GROUP, SOURCES, SourceArgs, class_names_for, group_reasons,
-                                            label_notes, label_text, no_group_column, parse_args, require_path)
-from trainforge.errors import UserError, quote
+from trainforge.data.sources.common import (INDEX_SUFFIXES, MISSING_GROUP, SOURCES, SourceArgs, class_names_for,
+                                            group_reasons, label_notes, label_text, no_group_column, parse_args,
+                                            read_index, require_path, under_index)
+from trainforge.errors import UserError
 from trainforge.files import trainforge_home
 
 WHAT = ("a folder with one subfolder of volumes (.nii, .nii.gz, DICOM series folders) per class, or an index "
-        "(.csv, .jsonl) of path,label[,patient_id,...]")
+        "(.csv, .jsonl, .parquet) of path,label[,patient_id,...]")
 REASONS = ("unreadable", "bad_slices", "no_geometry", "duplicate_series", "duplicate", "missing_label")
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
-INDEX_SUFFIXES = (".csv", ".jsonl")
 CACHE_VERSION = 1
 # HU windows (center, width) radiologists read CT with
 WINDOW_PRESETS: dict[str, tuple[float, float]] = {
@@ -303,39 +302,17 @@ def folder_entries(root: Path, a: VolumeArgs) -> list[Entry]:
     return entries
 
 
-def index_rows(path: Path) -> Iterator[tuple[str, Optional[dict[str, Any]]]]:
-    with path.open(encoding="utf-8", errors="replace", newline="") as f:
-        if path.suffix.lower() == ".csv":
-            rows = csv.DictReader(f)
-            for row in rows:
-                ok = None not in row and all(v is not None for v in row.values())
-                yield f"line {rows.line_num}", ({k: v.strip() for k, v in row.items()} if ok else None)
-            return
-        for n, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    record = None
-                yield f"line {n}", record if isinstance(record, dict) else None
-
-
 def index_entries(index: Path, a: VolumeArgs, drops: DropLog) -> tuple[list[Entry], set[str]]:
     """The index's rows as entries (paths resolved under the index's folder; a row that is no record: unreadable),
     and every column seen."""
-    base = index.parent.resolve()
     entries, columns = [], set()
-    for where, record in index_rows(index):
+    for where, record in read_index(index):
         if record is None or not isinstance(record.get(a.path_column), str) or not record[a.path_column].strip():
             drops.drop("unreadable", f"{index.name} {where}")
             continue
         columns.update(record)
         rel = record[a.path_column].strip()
-        target = (base / rel).resolve()
-        if not target.is_relative_to(base):
-            raise UserError(f"data.path: {index.name} {where}: {quote(rel)} is outside the index's folder; paths in "
-                            "an index are relative to it and stay below it", public=True)
-        entries.append(Entry(rel, str(target), record))
+        entries.append(Entry(rel, str(under_index(index, rel, where)), record))
     return entries, columns
 
 
@@ -386,7 +363,8 @@ def volumes(cfg: DataConfig, *, seed: int) -> Pool:
         if cfg.group_by is not None and cfg.group_by not in columns:
             raise no_group_column(cfg, root.name, sorted(columns))
     else:
-        raise UserError(f"data.path: {root.name} is neither a folder nor an index (.csv, .jsonl); point it at {WHAT}",
+        raise UserError(f"data.path: {root.name} is neither a folder nor an index (.csv, .jsonl, .parquet); point it "
+                        f"at {WHAT}",
                         public=True)
     if not entries and not drops.total:
         raise UserError(f"data.path: {root} holds no volumes; point it at {WHAT}", public=True)
