@@ -207,6 +207,9 @@ class TrainConfig(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     # the task's named training loss (segmentation: cross_entropy | dice | dice_ce | focal); null: the task's own
     loss: Optional[str] = Field(None, max_length=64)
+    # classification: weights of the classes in the training loss; auto = n / (classes x count) over the train split
+    # (rare classes weigh more, as scikit-learn's "balanced"), or one positive weight per class in class order
+    class_weights: Union[None, Literal["auto"], list[float]] = Field(None, max_length=100_000)
     ema_decay: Optional[float] = Field(None, gt=0, lt=1)
     early_stopping: Optional[EarlyStoppingConfig] = None
     max_bad_steps: int = Field(5, gt=0, le=MAX_COUNT)  # non-finite losses in a row before the run stops

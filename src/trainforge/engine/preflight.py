@@ -96,6 +96,7 @@ class DataFacts:
     train_samples: int  # read in one epoch over all ranks (`epoch_samples`: sharded data deals out whole shards)
     convolutional: bool  # has Conv2d layers: channels_last pays off on CUDA
     model: Optional[ModelFacts] = None  # what the planner reads of the model (`auto`, a reservation): read here once
+    train_class_counts: Optional[tuple[int, ...]] = None  # samples of each class in the train split (classification)
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,26 @@ def preflight(cfg: Config, *, world_size: int = 1, fit_stats: bool = True, store
     if cfg.train.early_stopping is not None:
         if cfg.train.early_stopping.metric is not None:  # None: the task's default, which it reports
             check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")
+    counts = None
+    if cfg.train.class_weights is not None:
+        counts = check_class_weights(cfg.train.class_weights, data)
     facts = DataFacts(data.info, epoch_samples(data.train, world_size), is_convolutional(model),
-                      describe_model(model, cfg.optim, adapters=cfg.model.lora is not None))
+                      describe_model(model, cfg.optim, adapters=cfg.model.lora is not None), counts)
     return Preflight(data, model, facts, frozen, total)
+
+
+def check_class_weights(weights: Any, data: DataBundle) -> tuple[int, ...]:
+    """train.class_weights fits the data (a task that weighs classes; a list of one positive weight per class), else
+    a UserError; returns the train split's count of each class."""
+    task = TASKS.get(data.info.task)
+    counts = (data.report.get("class_counts") or {}).get("train")
+    if not task.class_weighted or not isinstance(counts, dict):
+        raise UserError(f"train.class_weights: a {task.title} run has no class weights; remove the setting")
+    names = list(data.info.class_names)
+    if isinstance(weights, list) and (len(weights) != len(names) or any(not w > 0 for w in weights)):
+        raise UserError(f"train.class_weights: give one positive weight per class ({len(names)}: "
+                        f"{', '.join(names[:10])}{' ...' if len(names) > 10 else ''}) or auto; got {len(weights)}")
+    return tuple(int(counts.get(name, 0)) for name in names)
 
 
 def check_model(cfg: Config, info: DataInfo) -> None:

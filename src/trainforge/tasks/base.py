@@ -81,6 +81,8 @@ class Task:
     quality: tuple[str, str, str] = ("loss", "loss", "test loss")
     # the named training losses `train.loss` may choose (the first is the task's default); () for a task of one loss
     losses: tuple[str, ...] = ()
+    # the training loss weighs classes (`train.class_weights`: training_loss takes class_weights, one per class)
+    class_weighted: bool = False
 
     # ---- metrics
     def direction(self, metric: str) -> str:

@@ -162,10 +162,22 @@ class Classification(Task):
     token_augmentation = True
     quality = ("accuracy", "acc", "test accuracy")
 
+    class_weighted = True
+
     def loss(self, output, target, *, label_smoothing=0.0, reduction="mean"):
         import torch.nn.functional as F  # loaded already where a loss is computed
 
         return F.cross_entropy(output, target, label_smoothing=label_smoothing, reduction=reduction)
+
+    def training_loss(self, output, batch, *, label_smoothing=0.0, loss=None, class_weights=None):
+        """Cross-entropy; with `class_weights` (train.class_weights) each sample weighs its class's weight and the
+        mean is over the weights (torch's weighted cross-entropy)."""
+        if class_weights is None:
+            return super().training_loss(output, batch, label_smoothing=label_smoothing, loss=loss)
+        import torch.nn.functional as F
+
+        return F.cross_entropy(output.float(), self.target(batch), weight=class_weights,
+                               label_smoothing=label_smoothing)
 
     def evaluation(self, info: Any) -> Evaluation:
         names = list(info.class_names) or [str(i) for i in range(info.num_classes)]

@@ -138,6 +138,8 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
     window, it = Window(), None
     reset_peak_memory(device)
     model.train()
+    class_weights = (None if setup.class_weights is None  # train.class_weights, as resolved
+                     else torch.tensor(setup.class_weights, dtype=torch.float32, device=setup.device))
 
     # ================================================================ the loop
     try:
@@ -153,7 +155,8 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
             rng_at_step = torch.get_rng_state()
             while True:
                 out = forward_backward(step_model, it, strategy, state, run_dir, step, stop, task=task_of(info),
-                                       label_smoothing=loop.label_smoothing, loss_name=loop.loss, loss_fn=hooks.loss)
+                                       label_smoothing=loop.label_smoothing, loss_name=loop.loss, loss_fn=hooks.loss,
+                                       class_weights=class_weights)
                 if not out.oom:
                     break
                 state.setup = inputs.reresolve(OOMNote(state.setup.micro_batch_size, step + 1))
@@ -241,6 +244,7 @@ def stopper_for(es: EarlyStoppingConfig, task: Task) -> EarlyStopper:
 
 def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strategy, state: TrainState, run_dir: Path,
                      step: int, stop: StopFlag, *, task: Task, label_smoothing: float, loss_name: Optional[str] = None,
+                     class_weights: Optional[torch.Tensor] = None,
                      loss_fn: Optional[LossFn] = None) -> StepOutcome:
     """Accumulate gradients of the mean loss over `accumulation` micro-batches.
 
@@ -266,7 +270,9 @@ def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strateg
                 if loss_fn is not None:
                     loss = loss_fn(output.float(), task.inputs(batch), task.target(batch)) / accumulation
                 else:
-                    named = {} if loss_name is None else {"loss": loss_name}  # a plug-in task of one loss takes none
+                    named: dict[str, Any] = {} if loss_name is None else {"loss": loss_name}  # a plug-in task of one loss takes none
+                    if class_weights is not None:
+                        named["class_weights"] = class_weights
                     loss = task.training_loss(output, batch, label_smoothing=label_smoothing, **named) / accumulation
                 del output, batch  # not needed by backward (the loss keeps what it needs): one output less at the peak
                 total += loss.detach()

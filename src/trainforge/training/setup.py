@@ -100,6 +100,7 @@ class RunSetup:
     compile: bool
     activation_checkpointing: bool
     predicted_peak_bytes: Optional[int] = None  # when the planner was asked (auto, or predict=True)
+    class_weights: Optional[tuple[float, ...]] = None  # train.class_weights resolved: one per class, in class order
     reasons: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     loop: Optional[LoopSettings] = None  # what else the loop reads (always set by `resolve`)
 
@@ -115,7 +116,9 @@ class RunSetup:
             "device": str(self.device), "precision": self.precision, "strategy": self.strategy,
             "world_size": self.world_size, "micro_batch_size": self.micro_batch_size,
             "accumulation": self.accumulation, "channels_last": self.channels_last, "num_workers": self.num_workers,
-            "compile": self.compile, "predicted_peak_bytes": self.predicted_peak_bytes, "reasons": dict(self.reasons),
+            "compile": self.compile, "predicted_peak_bytes": self.predicted_peak_bytes,
+            "class_weights": None if self.class_weights is None else list(self.class_weights),
+            "reasons": dict(self.reasons),
         }
 
 
@@ -181,6 +184,9 @@ def resolve(
     workers = resolve_num_workers(cfg.data.num_workers, device.type)
     if cfg.data.num_workers == "auto":
         reasons["num_workers"] = f"auto: {workers} on {device.type}"
+    class_weights = None
+    if tc.class_weights is not None:
+        class_weights, reasons["class_weights"] = resolve_class_weights(tc.class_weights, facts)
     explicit = {"micro_batch_size": True, "precision": tc.precision != "auto",
                 "strategy": cfg.distributed.strategy != "auto"}
     notes = tuple(reasons[k] for k, said in explicit.items() if said and k in reasons)
@@ -190,8 +196,22 @@ def resolve(
         eval_every_steps=tc.eval_every_steps or per_epoch, checkpoint_every_steps=tc.checkpoint_every_steps or per_epoch,
         channels_last=channels_last, num_workers=workers, pin_memory=device.type == "cuda", compile=tc.compile,
         activation_checkpointing=cfg.train.activation_checkpointing, predicted_peak_bytes=peak,
-        reasons=MappingProxyType(reasons), notes=notes, loop=LoopSettings.of(cfg),
+        class_weights=class_weights, reasons=MappingProxyType(reasons), notes=notes, loop=LoopSettings.of(cfg),
     )
+
+
+def resolve_class_weights(requested: Any, facts: DataFacts) -> tuple[tuple[float, ...], str]:
+    """(one weight per class, why). auto: n / (classes x count) over the train split (scikit-learn's "balanced"); a
+    class the train split lacks weighs 0 (no sample of it is ever weighed)."""
+    counts = facts.train_class_counts or ()
+    names = facts.info.class_names
+    if requested == "auto":
+        n, k = sum(counts), len(counts)
+        weights = tuple(round(n / (k * c), 6) if c else 0.0 for c in counts)
+        shown = ", ".join(f"{name} {w:g} ({c})" for name, w, c in list(zip(names, weights, counts))[:10])
+        return weights, f"auto: n / (classes x count) over the train split's {n} samples: {shown}"
+    return tuple(float(w) for w in requested), "as set: " + ", ".join(
+        f"{name} {w:g}" for name, w in list(zip(names, requested))[:10])
 
 
 def _micro_batch(requested, per_rank: int, world_size: int, checkpoint: Optional[Mapping[str, Any]],
