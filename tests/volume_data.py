@@ -97,3 +97,22 @@ def write_patients(root: Path, patients: int, size: int, seed: int) -> Path:
                 rows.append(f"p{p}/v{k}.nii.gz,{kind},P{p}")
     (root / "index.csv").write_text("\n".join(rows) + "\n")
     return root / "index.csv"
+
+
+def write_lesions(root: Path, patients: int, size: int, seed: int) -> Path:
+    """2-3 CT volumes per patient, each a bright sphere (the lesion, class 1) in noisy tissue, with its label volume
+    (NIfTI, int16, the same grid); an index CSV of path,mask,patient_id."""
+    rng = np.random.default_rng(seed)
+    rows = ["path,mask,patient_id"]
+    grid = np.indices((size, size, size)).astype(np.float64)
+    for p in range(patients):
+        for k in range(int(rng.integers(2, 4))):
+            centre = rng.uniform(size * 0.3, size * 0.7, 3)
+            inside = np.sqrt(((grid - centre[:, None, None, None]) ** 2).sum(0)) <= rng.uniform(size * 0.15, size * 0.25)
+            hu = np.full((size,) * 3, TISSUE_HU, np.float64) + rng.normal(0, 30, (size,) * 3)
+            hu[inside] += 200
+            write_nifti(root / f"p{p}" / f"ct{k}.nii.gz", np.round(hu).astype(np.int16), (1.0, 1.0, 1.0))
+            write_nifti(root / f"p{p}" / f"ct{k}_mask.nii.gz", inside.astype(np.int16), (1.0, 1.0, 1.0))
+            rows.append(f"p{p}/ct{k}.nii.gz,p{p}/ct{k}_mask.nii.gz,P{p}")
+    (root / "index.csv").write_text("\n".join(rows) + "\n")
+    return root / "index.csv"

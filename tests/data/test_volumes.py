@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 
 from tests.data.data_helpers import data_cfg
@@ -245,3 +246,43 @@ def test_bad_medical_and_multimodal_input_is_one_line_exit_2_through_the_cli(tmp
         err = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(err) == 1 and message in err[0], (args, out.stderr[-2000:])
         assert not run.exists()
+
+
+def test_3d_segmentation_reads_label_volumes_and_trains_on_foreground_biased_patches(tmp_path):
+    from volume_data import write_lesions
+
+    index = write_lesions(tmp_path / "data", patients=4, size=24, seed=5)
+    rows = index.read_text().splitlines()
+    rows.append("p0/ct0.nii.gz,,P0")  # no mask
+    write_nifti(tmp_path / "data" / "small_mask.nii.gz", np.zeros((8, 8, 8), np.int16), (1.0, 1.0, 1.0))
+    rows.append("p1/ct0.nii.gz,small_mask.nii.gz,P1")  # a mask of another grid
+    index.write_text("\n".join(rows) + "\n")
+    cfg = volumes_cfg(index, mask_column="mask", classes=["background", "lesion"], size=[24, 24, 24],
+                      patch=[8, 8, 8], group_by="patient_id", val_fraction=0.25, test_fraction=0.25)
+    cfg.augment.hflip = 0.5
+    bundle = build_data(cfg, seed=0)
+    assert bundle.info.task == "segmentation" and bundle.info.input_shape == (1, 8, 8, 8)  # the model sees a patch
+    assert bundle.report["dropped"]["missing_mask"] == 1 and bundle.report["dropped"]["size_mismatch"] == 1
+    assert bundle.report["voxels_per_class"]["lesion"] > 0
+    x, y = bundle.val[0]
+    assert x.shape == (1, 24, 24, 24) and y.shape == (24, 24, 24) and y.dtype == torch.int64  # whole volumes
+    with_lesion = 0
+    for epoch in range(10):
+        for i in range(len(bundle.train)):
+            px, py = bundle.train[(epoch, i)]
+            assert px.shape == (1, 8, 8, 8) and py.shape == (8, 8, 8)
+            with_lesion += int((py == 1).any())
+    # a lesion fills about 3% of a volume: uniform 8^3 crops would hold some of it about a fifth of the time
+    assert with_lesion > 0.45 * 10 * len(bundle.train)
+    again = bundle.train[(3, 1)]
+    assert torch.equal(again[0], bundle.train[(3, 1)][0])  # seeded by (epoch, index): a resume sees the same patch
+
+
+def test_a_label_value_beyond_the_classes_is_one_line(tmp_path):
+    from volume_data import write_lesions
+
+    index = write_lesions(tmp_path / "data", patients=2, size=8, seed=6)
+    mask = tmp_path / "data" / "p0" / "ct0_mask.nii.gz"
+    write_nifti(mask, np.full((8, 8, 8), 3, np.int16), (1.0, 1.0, 1.0))
+    with pytest.raises(UserError, match=r"ct0_mask.nii.gz: values 3 are no class of the 2 in data.args.classes"):
+        build_data(volumes_cfg(index, mask_column="mask", classes=["background", "lesion"], size=[8, 8, 8]), seed=0)

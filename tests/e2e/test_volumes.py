@@ -106,3 +106,38 @@ def test_two_processes_on_a_3d_model_match_one_accumulating_the_same_micro_batch
     losses = two_process_losses("ct_classification", common, common, tmp_path)
     assert len(losses[0]) == 6
     np.testing.assert_allclose(losses[1], losses[0], atol=1e-5, rtol=0)
+
+
+@pytest.mark.slow
+def test_a_3d_unet_trained_on_patches_segments_whole_volumes_exports_and_serves_a_nifti_file(tmp_path, capsys):
+    """Trained on 16^3 patches, evaluated on the whole 24^3 volumes by sliding windows; compress exports the network
+    at the whole volume's size, and predict serves a NIfTI file."""
+    from volume_data import write_lesions
+
+    index = write_lesions(tmp_path / "data", patients=12, size=24, seed=0)
+    run = tmp_path / "seg"
+    cfg = trainforge.load_config("ct_segmentation", [
+        f"data.path={index}", "data.args.size=[24, 24, 24]", "data.args.patch=[16, 16, 16]", "data.args.spacing=null",
+        "train.epochs=20", "train.global_batch_size=4", "train.micro_batch_size=4", "log.progress=false",
+        "log.tensorboard=false"])
+    assert trainforge.train(cfg, run_dir=run).status == "completed"
+    ev = json.loads((run / "eval.json").read_text())
+    assert ev["dice"] > 0.8 and ev["per_class"]["lesion"]["dice"] > 0.7, ev  # background alone: dice ~0.5
+    assert 0 <= ev["hd95_voxels"] < 4
+    report = json.loads((run / "data_report.json").read_text())
+    assert report["voxels_per_class"]["lesion"] > 0 and sum(report["groups_per_split"].values()) == 12
+    assert (run / "val_images.png").is_file()  # the middle slices: image, true mask, predicted mask
+
+    with pytest.raises(SystemExit) as code:
+        main(["compress", str(run), "--quantize", "none", "--bench-seconds", "0.2", "--json"])
+    assert code.value.code in (0, None)
+    (fp32,) = json.loads(capsys.readouterr().out)["variants"]
+    assert fp32["max_abs_diff"] < 1e-3 and fp32["miou"] == pytest.approx(ev["miou"], abs=1e-3)
+
+    scan = str(tmp_path / "data" / "p0" / "ct0.nii.gz")
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(run / "compressed"), scan, "--images", str(tmp_path / "drawn"), "--json"])
+    assert code.value.code in (0, None)
+    (p,) = json.loads(capsys.readouterr().out)["predictions"]
+    assert p["shape"] == [24, 24, 24] and set(p["classes"]) <= {"background", "lesion"}
+    assert 0 < p["classes"].get("lesion", 0) < 0.5 and Path(p["image"]).is_file()

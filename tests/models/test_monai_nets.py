@@ -41,3 +41,20 @@ def test_a_monai_network_builds_on_the_meta_device():
     with torch.device("meta"):
         model, _ = build_model(ModelConfig(name="monai", args={"arch": "DenseNet121"}), VOLUMES)
     assert all(p.is_meta for p in model.parameters())
+
+
+def test_a_3d_segmenter_trained_on_patches_slides_over_a_whole_volume_in_evaluation():
+    from monai.inferers import sliding_window_inference
+
+    info = DataInfo("segmentation", "volume", (1, 16, 16, 16), "float32", 2, ("background", "lesion"))
+    torch.manual_seed(0)
+    model, spec = build_model(ModelConfig(name="monai", args={"arch": "UNet", "channels": [4, 8, 16, 32]}), info)
+    patch, whole = spec.example(2), torch.randn(1, 1, 24, 32, 24)
+    assert model(patch).shape == (2, 2, 16, 16, 16)  # training: the network itself on a patch
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(patch), model.net(patch))  # a patch-sized input: no windows
+        slid = model(whole)
+        want = sliding_window_inference(whole, (16, 16, 16), 1, model.net, overlap=0.25, mode="gaussian")
+    assert slid.shape == (1, 2, 24, 32, 24)
+    torch.testing.assert_close(slid, want)

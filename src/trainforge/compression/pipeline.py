@@ -102,7 +102,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     # the example is a training-split sample: the shape the model takes (a task may infer on larger test inputs);
     # two samples, as a batch of one would fix the graph's batch at 1 (unless the task's graph takes a fixed batch)
     graph_batch = task.export_batch_size
-    two = bench.batch_of(calibration.feeds, graph_batch or 2)
+    two = task.export_example(bench.batch_of(calibration.feeds, graph_batch or 2), info)
     example = tuple(torch.from_numpy(two[name]) for name in signature.inputs)
 
     def meta(variant: str) -> dict[str, Any]:

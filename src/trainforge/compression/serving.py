@@ -197,7 +197,7 @@ def volume_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO]
     shape = input_shape(meta, 4, artifact)
     pre = meta.get("preprocess", {})
     settings = pre.get("volume")
-    if not isinstance(settings, dict) or list(settings.get("size") or []) != shape[1:]:
+    if not isinstance(settings, dict) or list(pre.get("patch") or settings.get("size") or []) != shape[1:]:
         raise UserError(f"{artifact}: its metadata lacks the volume preprocessing of its {shape[1:]} input; re-export it")
     shift_scale = normalization(pre.get("normalize"), shape[0], "volume", artifact)
     what = "NIfTI files (.nii, .nii.gz) or DICOM series folders"

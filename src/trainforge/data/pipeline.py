@@ -98,8 +98,8 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
         normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none", seed, sampled)
     normalize = None if normalizer.kind == "none" else normalizer
     augment = choose_augment(cfg.augment, info, pool.value_range)
-    if augment is not None:  # boxes and masks move with the pixels
-        augment = pool.samples.target_augment(augment)
+    if augment is not None or getattr(pool.samples, "crops", False):  # boxes and masks move with the pixels;
+        augment = pool.samples.target_augment(augment)  # a volume's training patch is cropped, augmented or not
 
     preprocess: dict[str, Any] = {"modality": info.modality, "task": info.task, **pool.preprocess}
     if scaled:

@@ -21,7 +21,7 @@ SOURCE_TASK = {
     "textfile": "lm",
     "torchvision": "classification",
     "voc": "detection",
-    "volumes": "classification",
+    "volumes": "classification",  # data.args.mask_column: segmentation
     "webdataset": "classification",
     "yolo": "detection",
 }
@@ -39,4 +39,6 @@ def recipe_task(recipe: dict[str, Any]) -> Optional[str]:
         return str(args["task"])
     if source == "hf_datasets" and args.get("label_column"):
         return "classification"
+    if source == "volumes" and args.get("mask_column"):
+        return "segmentation"
     return SOURCE_TASK.get(source)

@@ -3,18 +3,21 @@
     model:
       name: monai
       args:
-        arch: DenseNet121          # DenseNet121/169/201, DenseNet (its sizes in args), resnet10/18/34/50
+        arch: DenseNet121          # classification: DenseNet121/169/201, DenseNet (its sizes in args), resnet10/18/34/50
+                                   # segmentation: UNet (default; channels 16-128, strides 2, 2 residual units),
+                                   # SegResNet, BasicUNet: logits (N, classes, D, H, W)
         # any argument of that network: init_features: 32, block_config: [4, 8, 12], dropout_prob: 0.2 ...
 
 `spatial_dims`, the input channels and the classes come from the data; every other argument is the network's own
 (MONAI's names; an unknown one is one line listing what the network takes). Random weights: MONAI publishes no 3D
-classification weights that load offline.
+weights that load offline.
 """
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import torch
 from torch import nn
 
 from trainforge.data.base import DataInfo
@@ -22,9 +25,9 @@ from trainforge.errors import UserError
 from trainforge.models.base import InputSpec
 from trainforge.models.zoo import DataFit, input_spec, register_model
 
-VOLUME_CLASSIFICATION = DataFit(
-    "classification of volumes (float C,D,H,W inputs: data.source volumes)",
-    lambda info: info.input_dtype == "float32" and len(info.input_shape) == 4, ("classification",),
+VOLUMES = DataFit(
+    "classification or segmentation of volumes (float C,D,H,W inputs: data.source volumes)",
+    lambda info: info.input_dtype == "float32" and len(info.input_shape) == 4, ("classification", "segmentation"),
 )
 
 # arch -> (the data's arguments by MONAI's names: spatial dims, input channels, classes)
@@ -34,6 +37,33 @@ CLASSIFIERS: dict[str, tuple[str, str, str]] = {
     **{name: ("spatial_dims", "n_input_channels", "num_classes")
        for name in ("resnet10", "resnet18", "resnet34", "resnet50")},
 }
+
+
+# 3D segmentation: logits (N, classes, D, H, W) at the input's size; defaults for the arguments MONAI requires
+SEGMENTERS: dict[str, tuple[str, str, str]] = {
+    name: ("spatial_dims", "in_channels", "out_channels") for name in ("UNet", "SegResNet", "BasicUNet")}
+SEGMENTER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "UNet": {"channels": (16, 32, 64, 128), "strides": (2, 2, 2), "num_res_units": 2}, "SegResNet": {},
+    "BasicUNet": {}}
+
+
+class PatchInference(nn.Module):
+    """A 3D segmenter trained on patches (data.args.patch): in training, and on an input of the patch's size, the
+    network itself; in evaluation on a larger volume, MONAI's sliding_window_inference over it (windows of the patch,
+    a quarter overlapping, blended with Gaussian weights), so a volume of any size fits the memory of a patch. An
+    export (tracing) sees the network itself."""
+
+    def __init__(self, net: nn.Module, roi: tuple[int, ...]) -> None:
+        super().__init__()
+        self.net, self.roi = net, tuple(roi)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training or tuple(x.shape[2:]) == self.roi or torch.jit.is_tracing() or torch.compiler.is_compiling():
+            return self.net(x)
+        from monai.inferers import sliding_window_inference
+
+        return sliding_window_inference(x, self.roi, sw_batch_size=1, predictor=self.net, overlap=0.25,
+                                        mode="gaussian")
 
 
 def network_parameters(net: Callable[..., Any]) -> list[str]:
@@ -50,16 +80,20 @@ def network_parameters(net: Callable[..., Any]) -> list[str]:
     return [n for n in names if n not in ("self", "pretrained", "progress", "block", "layers", "block_inplanes")]
 
 
-@register_model("monai", fits=VOLUME_CLASSIFICATION)
-def monai_network(info: DataInfo, arch: str = "DenseNet121", **net_args: Any) -> tuple[nn.Module, InputSpec]:
-    """arch: a MONAI classification network; net_args: its own arguments."""
+@register_model("monai", fits=VOLUMES)
+def monai_network(info: DataInfo, arch: Optional[str] = None, **net_args: Any) -> tuple[nn.Module, InputSpec]:
+    """arch: a MONAI network (a classifier for classification, DenseNet121 by default; a segmenter for
+    segmentation, UNet by default); net_args: its own arguments."""
     import monai.networks.nets as nets
 
-    if arch not in CLASSIFIERS:
-        raise UserError(f"model.args.arch: {arch!r} is not a MONAI volume classifier trainforge builds; choose one of "
-                        f"{', '.join(CLASSIFIERS)}")
+    table, what = (SEGMENTERS, "segmenter") if info.task == "segmentation" else (CLASSIFIERS, "classifier")
+    arch = arch or ("UNet" if info.task == "segmentation" else "DenseNet121")
+    if arch not in table:
+        raise UserError(f"model.args.arch: {arch!r} is not a MONAI volume {what} trainforge builds; choose one of "
+                        f"{', '.join(table)}")
     net = getattr(nets, arch)
-    dims, channels, classes = CLASSIFIERS[arch]
+    dims, channels, classes = table[arch]
+    net_args = {**SEGMENTER_DEFAULTS.get(arch, {}), **net_args}
     accepted = network_parameters(net)
     for key in net_args:
         if key in (dims, channels, classes):
@@ -73,4 +107,6 @@ def monai_network(info: DataInfo, arch: str = "DenseNet121", **net_args: Any) ->
         model = net(**kwargs)
     except (TypeError, ValueError, AssertionError) as e:
         raise UserError(f"model.args: MONAI's {arch} refused {net_args}: {e}") from None
+    if info.task == "segmentation":  # trained on patches of info's size, evaluated on whole volumes
+        model = PatchInference(model, tuple(info.input_shape[1:]))
     return model, input_spec(info)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import io
 import math
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import matplotlib
 import numpy as np
@@ -148,40 +148,39 @@ def training_figures(rows: Sequence[Mapping]) -> list[tuple[str, Figure]]:
 
 def pr_curves_png(recall: Sequence[float], precision: Mapping[str, Sequence[Optional[float]]], title: str) -> bytes:
     """Precision against recall, a line per class (a None precision: recall never reached, not drawn)."""
-    fig = Figure(figsize=(5.2, 4.2), dpi=_DPI)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
-    for name, values in precision.items():
-        points = [(r, p) for r, p in zip(recall, values) if p is not None]
-        if points:
-            ax.plot(*zip(*points), linewidth=1.5, label=str(name))
-    ax.set_xlim(0.0, 1.0)
-    ax.set_ylim(0.0, 1.02)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    if precision:
-        for text in ax.legend(fontsize=8).get_texts():  # class names as plain text, never TeX
-            text.set_parse_math(False)
-    return _png(fig)
+    def draw(ax: Any) -> None:
+        for name, values in precision.items():
+            points = [(r, p) for r, p in zip(recall, values) if p is not None]
+            if points:
+                ax.plot(*zip(*points), linewidth=1.5, label=str(name))
+
+    return _curves_png(draw, "recall", "precision", title, bool(precision))
 
 
 def roc_curves_png(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]], title: str) -> bytes:
     """True against false positive rate, a line per class, with the chance diagonal."""
+    def draw(ax: Any) -> None:
+        ax.plot([0, 1], [0, 1], linestyle=":", color="grey", linewidth=1)
+        for name, (fpr, tpr) in curves.items():
+            ax.step(fpr, tpr, where="post", linewidth=1.5, label=str(name))
+
+    return _curves_png(draw, "false positive rate (1 - specificity)", "true positive rate (sensitivity)", title,
+                       bool(curves))
+
+
+def _curves_png(draw: Any, xlabel: str, ylabel: str, title: str, legend: bool) -> bytes:
+    """A chart of rates in [0, 1] on both axes, its lines drawn by `draw(ax)`, a legend of class names."""
     fig = Figure(figsize=(5.2, 4.2), dpi=_DPI)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.plot([0, 1], [0, 1], linestyle=":", color="grey", linewidth=1)
-    for name, (fpr, tpr) in curves.items():
-        ax.step(fpr, tpr, where="post", linewidth=1.5, label=str(name))
+    draw(ax)
     ax.set_xlim(0.0, 1.0)
     ax.set_ylim(0.0, 1.02)
-    ax.set_xlabel("false positive rate (1 - specificity)")
-    ax.set_ylabel("true positive rate (sensitivity)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    if curves:
+    if legend:
         for text in ax.legend(fontsize=8).get_texts():  # class names as plain text, never TeX
             text.set_parse_math(False)
     return _png(fig)

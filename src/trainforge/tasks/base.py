@@ -186,6 +186,11 @@ class Task:
             return {name: x[name].detach().cpu().numpy() for name in names}
         return {names[0]: x.detach().cpu().numpy()}
 
+    def export_example(self, feeds: Feeds, info: Any) -> Feeds:
+        """The inputs the graph is traced with, from two training samples as evaluation reads them: as they are by
+        default; a task whose model takes a smaller input than it is served (a volume's training patch) cuts it."""
+        return feeds
+
     def serve(self, run: Runner, feeds: Feeds, meta: dict[str, Any]) -> dict[str, np.ndarray]:
         """The exported model's outputs on a batch of `feeds` (`run`: one onnxruntime call). A task whose
         inference is more than one call (a sliding window over a volume) makes its calls here."""

@@ -62,10 +62,42 @@ class Segmentation(Task):
     def example_target(self, info: Any, batch_size: int):
         import torch
 
-        return torch.zeros((batch_size, *info.input_shape[-2:]), dtype=torch.long)
+        return torch.zeros((batch_size, *info.input_shape[1:]), dtype=torch.long)  # (H, W), or a volume's (D, H, W)
 
     def output_shape(self, input_shape: tuple[int, ...], num_classes: int) -> tuple[int, ...]:
-        return (-1, num_classes, *input_shape[-2:])
+        return (-1, num_classes, *input_shape[1:])
+
+    def export_example(self, feeds: dict[str, np.ndarray], info: Any) -> dict[str, np.ndarray]:
+        """A volume segmenter trained on patches (data.args.patch) is exported at the patch's size (the centre of
+        each example volume); `serve` slides it over whole volumes."""
+        patch = tuple(info.input_shape[1:])
+        out = {}
+        for name, x in feeds.items():
+            starts = [(s - p) // 2 for s, p in zip(x.shape[2:], patch)]
+            fits = len(patch) == x.ndim - 2 and all(s >= 0 for s in starts)
+            out[name] = x[(slice(None), slice(None), *(slice(s, s + p) for s, p in zip(starts, patch)))] if fits else x
+        return out
+
+    def serve(self, run: Any, feeds: dict[str, np.ndarray], meta: dict[str, Any]) -> dict[str, np.ndarray]:
+        """A volume larger than the patch the graph takes (data.args.patch): MONAI's sliding_window_inference over
+        it, each window one call of the graph (as the PyTorch model evaluates it); else one call."""
+        patch = (meta.get("preprocess") or {}).get("patch")
+        (name, x), = feeds.items()
+        if not patch or list(x.shape[2:]) == list(patch):
+            return run(feeds)
+        import torch
+        from monai.inferers import sliding_window_inference
+
+        names: list[str] = []
+
+        def window(t: "torch.Tensor") -> "torch.Tensor":
+            out = run({name: np.ascontiguousarray(t.numpy())})
+            names[:] = list(out)
+            return torch.from_numpy(next(iter(out.values())))
+
+        with torch.no_grad():
+            slid = sliding_window_inference(torch.from_numpy(x), tuple(patch), 1, window, overlap=0.25, mode="gaussian")
+        return {names[0]: slid.numpy()}
 
     def score_logits(self, logits: np.ndarray, labels: np.ndarray) -> dict[str, Optional[float]]:
         """mIoU, pixel accuracy (`accuracy`, what compress's recommendation compares) and the loss, in numpy."""
@@ -82,24 +114,32 @@ class Segmentation(Task):
         """Per image: the share of its pixels predicted as each class present, largest first (the mask itself is a
         PNG: `predict --images DIR`)."""
         (logits,) = outputs.values()
-        if logits.ndim != 4:
+        if logits.ndim not in (4, 5):
             raise UserError(f"ARTIFACT: returned logits of shape {logits.shape}; a segmenter returns (batch, classes, "
-                            "height, width)")
+                            "height, width), or (batch, classes, depth, height, width) for volumes")
         names = [str(c) for c in meta.get("class_names") or range(logits.shape[1])]
         rows = []
         for mask in logits.argmax(axis=1):
             counts = np.bincount(mask.reshape(-1), minlength=len(names))
             order = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i]]
-            rows.append({"classes": {names[i]: round(float(counts[i] / mask.size), 4) for i in order[:top_k]},
-                         "height": int(mask.shape[0]), "width": int(mask.shape[1])})
+            row: dict[str, Any] = {"classes": {names[i]: round(float(counts[i] / mask.size), 4) for i in order[:top_k]}}
+            if mask.ndim == 3:  # a volume: its voxels' shape
+                row["shape"] = [int(v) for v in mask.shape]
+            else:
+                row.update(height=int(mask.shape[0]), width=int(mask.shape[1]))
+            rows.append(row)
         return rows
 
     def prediction_image(self, sample: dict, output: dict, prediction: dict, meta: dict) -> Optional[np.ndarray]:
         """The image with each pixel tinted by its predicted class (class 0 left as it is), beside the mask."""
         (logits,) = output.values()
-        mask = logits[0].argmax(axis=0) if logits.ndim == 4 else logits.argmax(axis=0)
         (image,) = sample.values()
-        image = image[0] if image.ndim == 4 else image
+        if meta.get("modality") == "volume":  # (classes, D, H, W): the middle slice along the last axis
+            mask = logits.argmax(axis=0)
+            mask, image = mask[..., mask.shape[-1] // 2], image[..., image.shape[-1] // 2]
+        else:
+            mask = logits[0].argmax(axis=0) if logits.ndim == 4 else logits.argmax(axis=0)
+            image = image[0] if image.ndim == 4 else image
         rgb = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
         rgb = (rgb - rgb.min()) / max(float(np.ptp(rgb)), 1e-6)
         colours = palette(int(logits.shape[-3]))
@@ -117,6 +157,25 @@ def named_loss(name: str) -> Any:
     if name == "focal":
         return FocalLoss(include_background=True, to_onehot_y=True, use_softmax=True, gamma=2.0, ignore_index=IGNORE)
     raise ValueError(f"unknown segmentation loss {name!r}")
+
+
+def hd95_voxels(predicted: Any, target: Any, classes: int) -> list[float]:
+    """MONAI's 95th-percentile Hausdorff distance (voxels) between the predicted and true region of each foreground
+    class of each volume, where both are non-empty (elsewhere it is undefined); unlabelled voxels count as
+    background."""
+    import warnings
+
+    import torch
+    import torch.nn.functional as F
+    from monai.metrics import compute_hausdorff_distance
+
+    target = torch.where(target == IGNORE, 0, target)
+    onehot = [F.one_hot(v.long(), classes).movedim(-1, 1) for v in (predicted, target)]
+    with warnings.catch_warnings():  # an empty class warns; its distance is left out below
+        warnings.simplefilter("ignore")
+        distances = compute_hausdorff_distance(*onehot, include_background=False, percentile=95)
+    values = distances.reshape(-1).double()
+    return [float(v) for v in values[torch.isfinite(values)]]
 
 
 def palette(classes: int) -> np.ndarray:
@@ -164,6 +223,7 @@ class SegmentationEvaluation(Evaluation):
         self.names = names
         self.cm = np.zeros((len(names), len(names)), dtype=np.int64)
         self.kept: list[tuple[Any, Any, Any]] = []  # (image, true mask, predicted mask) of the first PICTURED
+        self.hd95: list[float] = []  # volumes: each sample's and foreground class's HD95 where both are non-empty
 
     def add_batch(self, output, batch) -> None:
         for image, mask, logits in list(zip(batch[0], batch[1], output))[:max(PICTURED - len(self.kept), 0)]:
@@ -174,7 +234,10 @@ class SegmentationEvaluation(Evaluation):
         self.loss_sum += float(self.task.loss(output, target, reduction="sum"))
         labelled = int((target != IGNORE).sum())
         self.count += labelled
-        self.cm += confusion(target.cpu().numpy(), output.argmax(1).cpu().numpy(), len(self.names))
+        predicted = output.argmax(1)
+        self.cm += confusion(target.cpu().numpy(), predicted.cpu().numpy(), len(self.names))
+        if target.dim() == 4:  # volumes (N, D, H, W): the 95th-percentile Hausdorff distance of each foreground class
+            self.hd95.extend(hd95_voxels(predicted.cpu(), target.cpu(), len(self.names)))
 
     @property
     def mean_loss(self) -> Optional[float]:
@@ -189,6 +252,8 @@ class SegmentationEvaluation(Evaluation):
         colours[IGNORE] = 255
         rows = []
         for image, mask, predicted in self.kept:
+            if mask.dim() == 3:  # a volume: the middle slice along its last axis, of the image and both masks
+                image, mask, predicted = (t[..., t.shape[-1] // 2] for t in (image, mask, predicted))
             scale = TILE_PX / max(image.shape[-2:])
             size = [round(image.shape[-2] * scale), round(image.shape[-1] * scale)]
             rgb = image[:3] if image.shape[0] >= 3 else image[:1].expand(3, -1, -1)
@@ -208,6 +273,8 @@ class SegmentationEvaluation(Evaluation):
     def result(self, detailed: bool) -> dict[str, Any]:
         scores = scores_of(self.cm)
         out: dict[str, Any] = {k: scores[k] for k in ("miou", "dice", "pixel_accuracy")}
+        if detailed and self.hd95:
+            out["hd95_voxels"] = float(np.mean(self.hd95))
         if detailed:
             out["per_class"] = {name: {"iou": iou, "dice": dice}
                                 for name, iou, dice in zip(self.names, scores["iou"], scores["dice_per_class"])}

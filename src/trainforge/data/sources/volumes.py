@@ -50,11 +50,12 @@ WHAT = ("a folder with one subfolder of volumes (.nii, .nii.gz, DICOM series fol
         "(.csv, .jsonl, .parquet) of path,label[,patient_id,...]")
 REASONS = ("unreadable", "bad_slices", "no_geometry", "duplicate_series", "duplicate", "missing_label")
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 # HU windows (center, width) radiologists read CT with
 WINDOW_PRESETS: dict[str, tuple[float, float]] = {
     "lung": (-600.0, 1500.0), "soft_tissue": (40.0, 400.0), "bone": (400.0, 1800.0), "brain": (40.0, 80.0),
 }
+SEGMENTATION_REASONS = ("missing_mask", "unreadable_mask", "size_mismatch")  # with data.args.mask_column
 SLICE_GAP_TOLERANCE = 0.2  # slice positions more than 20% off the series' steady step: a slice is missing
 
 
@@ -72,6 +73,12 @@ class VolumeArgs(SourceArgs):
     window: Optional[Union[str, Window]] = None  # a preset name or {center, width} in HU
     path_column: str = "path"
     label_column: str = "label"
+    # 3D segmentation: the index column naming each volume's label volume (NIfTI of class indices, the same grid);
+    # classes then names the values 0, 1, ... (background first)
+    mask_column: Optional[str] = None
+    # 3D segmentation: train on random crops of this size (D, H, W; a foreground voxel at the centre half the time);
+    # validation, test and predict take the whole volume (`size`) by sliding the model over it
+    patch: Optional[list[int]] = Field(None, min_length=3, max_length=3)
 
     @field_validator("window", mode="before")
     @classmethod
@@ -92,6 +99,10 @@ class VolumeArgs(SourceArgs):
     def model_post_init(self, _: Any) -> None:
         if any(not 1 <= s <= 1024 for s in self.size):
             raise UserError(f"data.args.size: each of the 3 sizes must be 1..1024 voxels, got {self.size}", public=True)
+        if self.patch is not None and (self.mask_column is None or any(
+                not 1 <= p <= s for p, s in zip(self.patch, self.size))):
+            raise UserError(f"data.args.patch: a training crop for 3D segmentation (data.args.mask_column), each side "
+                            f"1..its data.args.size {self.size}; got {self.patch}", public=True)
         if self.spacing is not None and any(not (0 < s <= 100) for s in self.spacing):
             raise UserError(f"data.args.spacing: each spacing must be above 0 and at most 100 mm, got {self.spacing}",
                             public=True)
@@ -134,8 +145,11 @@ def window_hu(x: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return ScaleIntensityRange(a_min=low, a_max=high, b_min=0.0, b_max=1.0, clip=True)(x)
 
 
-def prepare_volume(path: str, settings: dict[str, Any]) -> np.ndarray:
-    """A NIfTI file or a DICOM series folder read and prepared as `settings` say: float32 (1, *size)."""
+def prepare_volume(path: str, settings: dict[str, Any], *, mask: bool = False,
+                   shape: Optional[list[int]] = None) -> np.ndarray:
+    """A NIfTI file or a DICOM series folder read and prepared as `settings` say: float32 (1, *size). `mask`: a
+    label volume (class indices): resampled nearest-neighbour, never windowed, int16 (*size). `shape`: the spatial
+    shape the file must have before preparation (a mask: its image's), else ValueError "size"."""
     from monai.transforms import LoadImage, Orientation, ResizeWithPadOrCrop, Spacing
 
     reader = "PydicomReader" if os.path.isdir(path) else "NibabelReader"
@@ -143,14 +157,34 @@ def prepare_volume(path: str, settings: dict[str, Any]) -> np.ndarray:
         x = LoadImage(reader=reader, image_only=True, ensure_channel_first=True, dtype=np.float32)(path)
         if x.ndim != 4:
             raise ValueError(f"a {x.ndim - 1}-D image, not a volume")
+        if shape is not None and list(x.shape[1:]) != list(shape):
+            raise ValueError("size")
         if settings["orientation"]:
             x = Orientation(settings["orientation"])(x)
         if settings["spacing"]:
-            x = Spacing(pixdim=settings["spacing"], mode="bilinear")(x)
-        if settings["window"]:
+            x = Spacing(pixdim=settings["spacing"], mode="nearest" if mask else "bilinear")(x)
+        if settings["window"] and not mask:
             x = window_hu(x, *settings["window"])
         x = ResizeWithPadOrCrop(settings["size"])(x)
-    return np.ascontiguousarray(x.numpy() if hasattr(x, "numpy") else np.asarray(x), dtype=np.float32)
+    out = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    if mask:
+        return np.ascontiguousarray(np.rint(out[0]), dtype=np.int16)
+    return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def raw_shape(path: str) -> list[int]:
+    """The spatial shape of a NIfTI file or a DICOM series as stored (before any preparation)."""
+    if os.path.isdir(path):
+        import pydicom
+
+        files = files_of(path)
+        with _quiet():
+            head = pydicom.dcmread(files[0], stop_before_pixels=True)
+        return [int(head.Columns), int(head.Rows), len(files)]  # MONAI's (x, y, z) of a series
+    import nibabel as nib
+
+    with _quiet():
+        return [int(v) for v in nib.load(path).shape[:3]]
 
 
 def check_nifti(path: str) -> Optional[str]:
@@ -243,18 +277,27 @@ class Prepared:
     def voxels_path(self) -> str:
         return str(cache_dir() / f"{self.key}.npy")
 
+    @property
+    def mask_path(self) -> str:
+        return str(cache_dir() / f"{self.key}.mask.npy")
 
-def prepared(path: str, settings: dict[str, Any], counts: Counter[str]) -> Prepared:
-    """The volume at `path` checked and prepared: from the cache, else read now (counted as decoded) and cached."""
+
+def prepared(path: str, settings: dict[str, Any], counts: Counter[str], mask: Optional[str] = None) -> Prepared:
+    """The volume at `path` (and its label volume `mask`) checked and prepared: from the cache, else read now
+    (counted as decoded) and cached. A mask that cannot be read is unreadable, one of another size than its
+    volume size_mismatch; its values are checked by the caller (`mask_values`)."""
     try:
         key = cache_key(path, settings)
+        if mask is not None:
+            key = hashlib.sha256((key + cache_key(mask, {**settings, "mask": True})).encode()).hexdigest()
     except OSError:
         return Prepared("", "unreadable", None, None)
     facts = cache_dir() / f"{key}.json"
     try:
         doc = json.loads(facts.read_text())
         hit = Prepared(key, doc["verdict"], doc["uid"], doc["digest"])
-        if hit.verdict is not None or os.path.isfile(hit.voxels_path):
+        if hit.verdict is not None or (os.path.isfile(hit.voxels_path)
+                                       and (mask is None or os.path.isfile(hit.mask_path))):
             counts["cached"] += 1
             return hit
     except (OSError, ValueError, KeyError, TypeError):
@@ -267,9 +310,16 @@ def prepared(path: str, settings: dict[str, Any], counts: Counter[str]) -> Prepa
             voxels = prepare_volume(path, settings)
         except Exception:  # MONAI / nibabel / pydicom raise many types for a volume they cannot read
             verdict = "unreadable"
+    if verdict is None and mask is not None:
+        try:
+            labels = prepare_volume(mask, settings, mask=True, shape=raw_shape(path))
+        except Exception as e:  # likewise for the label volume
+            verdict = "size_mismatch" if str(e) == "size" else "unreadable_mask"
         else:
-            digest = hashlib.sha256(voxels.tobytes()).hexdigest()
-            _write_atomic(Path(cache_dir() / f"{key}.npy"), lambda f: np.save(f, voxels))
+            _write_atomic(Path(Prepared(key, None, None, None).mask_path), lambda f: np.save(f, labels))
+    if verdict is None:
+        digest = hashlib.sha256(voxels.tobytes()).hexdigest()
+        _write_atomic(Path(cache_dir() / f"{key}.npy"), lambda f: np.save(f, voxels))
     _write_atomic(facts, lambda f: f.write(json.dumps({"verdict": verdict, "uid": uid, "digest": digest}).encode()))
     return Prepared(key, verdict, uid, digest)
 
@@ -317,10 +367,13 @@ def index_entries(index: Path, a: VolumeArgs, drops: DropLog) -> tuple[list[Entr
 
 
 class VolumeSamples(Samples):
-    """The kept volumes: sample i is its prepared voxels (read from the cache) and its class."""
+    """The kept volumes: sample i is its prepared voxels (read from the cache) and its class, or, for segmentation
+    (`masks`), its prepared label volume: int64 (D, H, W) of class indices."""
 
-    def __init__(self, ids: list[str], voxels: list[str], labels: np.ndarray) -> None:
-        self.ids, self.voxels, self.labels = ids, voxels, labels
+    def __init__(self, ids: list[str], voxels: list[str], labels: np.ndarray,
+                 masks: Optional[list[str]] = None, patch: Optional[tuple[int, int, int]] = None) -> None:
+        self.ids, self.voxels, self.labels, self.masks, self.patch = ids, voxels, labels, masks, patch
+        self.crops = patch is not None  # the train split is read as patches (the pipeline asks)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -328,12 +381,22 @@ class VolumeSamples(Samples):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         try:
             x = np.load(self.voxels[index])
+            y = (torch.tensor(int(self.labels[index])) if self.masks is None
+                 else torch.from_numpy(np.load(self.masks[index]).astype(np.int64)))
         except (OSError, ValueError) as e:  # the cache was cleared under a running job
             raise SampleUnreadable(f"{self.ids[index]} (its prepared voxels: {e})") from e
-        return torch.from_numpy(x), torch.tensor(int(self.labels[index]))
+        return torch.from_numpy(x), y
+
+    def target_augment(self, augment: Any) -> Any:
+        from trainforge.data.stages.augment import VolumeMaskAugment
+
+        if self.masks is None:
+            return augment
+        return VolumeMaskAugment(augment, self.patch)  # the mask is cropped and flipped with the volume
 
     def subset(self, keep: np.ndarray) -> "VolumeSamples":
-        return VolumeSamples([self.ids[i] for i in keep], [self.voxels[i] for i in keep], self.labels[keep])
+        return VolumeSamples([self.ids[i] for i in keep], [self.voxels[i] for i in keep], self.labels[keep],
+                             None if self.masks is None else [self.masks[i] for i in keep], self.patch)
 
 
 def say_progress(done: int, total: int, decoded: int) -> None:
@@ -353,7 +416,14 @@ def volumes(cfg: DataConfig, *, seed: int) -> Pool:
     if cfg.normalize == "model":
         raise UserError("data.normalize: 'model' is for 2D images; a volume is scaled by data.args.window (HU) and "
                         "then zscore, minmax or none", public=True)
-    drops = DropLog(group_reasons(cfg, REASONS))
+    segmenting = a.mask_column is not None
+    if segmenting and (not a.classes or len(a.classes) < 2):
+        raise UserError("data.args.classes: 3D segmentation (data.args.mask_column) needs the name of each mask value, "
+                        "background first, e.g. [background, tumour]", public=True)
+    drops = DropLog(group_reasons(cfg, REASONS + (SEGMENTATION_REASONS if segmenting else ())))
+    if segmenting and root.is_dir():
+        raise UserError(f"data.path: {root.name} is a folder; 3D segmentation reads an index (.csv, .jsonl, .parquet) "
+                        f"with columns {a.path_column} and {a.mask_column}", public=True)
     if root.is_dir():
         entries, columns = folder_entries(root, a), {a.path_column, a.label_column}
         if cfg.group_by is not None:
@@ -368,22 +438,36 @@ def volumes(cfg: DataConfig, *, seed: int) -> Pool:
                         public=True)
     if not entries and not drops.total:
         raise UserError(f"data.path: {root} holds no volumes; point it at {WHAT}", public=True)
+    if segmenting and entries and a.mask_column not in columns:
+        raise UserError(f"data.args.mask_column: {root.name} has no column {a.mask_column!r} (columns: "
+                        f"{', '.join(sorted(columns))}); name the column of the label volumes", public=True)
+    not_entries = drops.total  # index rows that were no records
     declared = class_names_for([], a.classes) if a.classes else None
     settings = a.settings()
     counts: Counter[str] = Counter(decoded=0, cached=0)
     seen_uids: set[str] = set()
     seen_digests: set[str] = set()
     unknown: Counter[str] = Counter()
-    ids, voxels, labels, groups = [], [], [], []
+    ids, voxels, labels, groups, masks = [], [], [], [], []
+    voxels_per_class = np.zeros(len(declared or ()), dtype=np.int64)
     for n, e in enumerate(entries, start=1):
         if n % PROGRESS_EVERY == 0:
             say_progress(n, len(entries), counts["decoded"])
-        label = label_text(e.record.get(a.label_column))
-        if label is None or (declared is not None and label not in declared):
-            drops.drop("missing_label", e.ident)
-            if label is not None:
-                unknown[label] += 1
-            continue
+        mask = None
+        if segmenting:
+            label = ""
+            rel = label_text(e.record.get(a.mask_column))
+            mask = None if rel is None else str(under_index(root, rel, e.ident))
+            if mask is None or not os.path.exists(mask):
+                drops.drop("missing_mask", e.ident)
+                continue
+        else:
+            label = label_text(e.record.get(a.label_column))
+            if label is None or (declared is not None and label not in declared):
+                drops.drop("missing_label", e.ident)
+                if label is not None:
+                    unknown[label] += 1
+                continue
         group = None
         if cfg.group_by is not None:
             group = label_text(e.record.get(cfg.group_by))
@@ -393,10 +477,12 @@ def volumes(cfg: DataConfig, *, seed: int) -> Pool:
         if not os.path.exists(e.path) or not is_volume(Path(e.path)):
             drops.drop("unreadable", e.ident)
             continue
-        p = prepared(e.path, settings, counts)
+        p = prepared(e.path, settings, counts, mask)
         if p.verdict is not None:
             drops.drop(p.verdict, e.ident)
             continue
+        if segmenting:
+            voxels_per_class += mask_values(p.mask_path, str(mask), len(voxels_per_class))
         if p.uid is not None and p.uid in seen_uids:
             drops.drop("duplicate_series", e.ident)
             continue
@@ -410,14 +496,36 @@ def volumes(cfg: DataConfig, *, seed: int) -> Pool:
         voxels.append(p.voxels_path)
         labels.append(label)
         groups.append(group)
+        masks.append(p.mask_path)
     if len(entries) >= PROGRESS_EVERY:
         say_progress(len(entries), len(entries), counts["decoded"])
+    notes = {"volume_cache": {**counts, "dir": str(cache_dir())}, "volume_preprocess": settings}
+    group_array = None if cfg.group_by is None else np.asarray(groups, dtype=object)
+    if segmenting:
+        assert declared is not None
+        patch = None if a.patch is None else (a.patch[0], a.patch[1], a.patch[2])
+        info = DataInfo("segmentation", "volume", (1, *(patch or a.size)), "float32", len(declared), tuple(declared))
+        notes["voxels_per_class"] = {name: int(c) for name, c in zip(declared, voxels_per_class)}
+        samples = VolumeSamples(ids, voxels, np.zeros(len(ids), dtype=np.int64), masks, patch)
+        return Pool(info, samples, labels=None, rows_read=len(entries) + not_entries, drops=drops,
+                    preprocess={"volume": settings, "patch": None if patch is None else list(patch)}, notes=notes,
+                    groups=group_array)
     names = class_names_for(labels, declared)
     index = {name: i for i, name in enumerate(names)}
     y = np.asarray([index[label] for label in labels], dtype=np.int64)
     info = DataInfo("classification", "volume", (1, *a.size), "float32", len(names), tuple(names))
-    notes = {**label_notes(declared, unknown), "volume_cache": {**counts, "dir": str(cache_dir())},
-             "volume_preprocess": settings}
-    return Pool(info, VolumeSamples(ids, voxels, y), labels=y, rows_read=len(entries) + drops.total, drops=drops,
-                preprocess={"volume": settings}, notes=notes,
-                groups=None if cfg.group_by is None else np.asarray(groups, dtype=object))
+    return Pool(info, VolumeSamples(ids, voxels, y), labels=y, rows_read=len(entries) + not_entries, drops=drops,
+                preprocess={"volume": settings}, notes={**label_notes(declared, unknown), **notes},
+                groups=group_array)
+
+
+def mask_values(prepared_mask: str, name: str, classes: int) -> np.ndarray:
+    """Voxels of each class in a prepared label volume; a value that is no class is one line naming the file."""
+    values = np.load(prepared_mask).reshape(-1).astype(np.int64)
+    counts = np.bincount(np.clip(values, 0, None), minlength=classes)
+    if values.min(initial=0) < 0 or len(counts) > classes:
+        beyond = sorted(set(np.unique(values).tolist()) - set(range(classes)))
+        raise UserError(f"{name}: values {', '.join(map(str, beyond[:5]))} are no class of the {classes} in "
+                        f"data.args.classes (0..{classes - 1}); list every class, or fix the label volume",
+                        public=True)
+    return counts

@@ -216,12 +216,52 @@ class VolumeAugment:
     cfg: AugmentConfig
 
     def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        return self.both(x, None, g)[0]
+
+    def both(self, x: torch.Tensor, mask: Optional[torch.Tensor],
+             g: torch.Generator) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The volume and, flipped with it, its mask of class indices (D, H, W); the intensity offset is the
+        volume's only."""
         for p, axis in ((self.cfg.dflip, -3), (self.cfg.vflip, -2), (self.cfg.hflip, -1)):
             if p > 0 and _uniform(g, 0.0, 1.0) < p:
                 x = torch.flip(x, (axis,))
+                mask = None if mask is None else torch.flip(mask, (axis,))
         if self.cfg.intensity_shift > 0:
             x = x + _uniform(g, -self.cfg.intensity_shift, self.cfg.intensity_shift)
-        return x
+        return x, mask
+
+
+@dataclass(frozen=True)
+class VolumeMaskAugment:
+    """A volume's train-split augmentation on (volume, mask) samples (3D segmentation): first, with a `patch`, a
+    crop of that size (its centre a foreground voxel half the time, where there is one, else anywhere: MONAI's
+    positive/negative sampling), then `volume`'s flips (the mask with it) and intensity offset. The dataset calls it
+    with the target: `takes_target`."""
+
+    volume: Optional[VolumeAugment]
+    patch: Optional[tuple[int, int, int]] = None
+    takes_target = True
+
+    def __call__(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.patch is not None:
+            x, mask = self.crop(x, mask, g)
+        if self.volume is None:
+            return x, mask
+        x, moved = self.volume.both(x, mask, g)
+        assert moved is not None
+        return x, moved
+
+    def crop(self, x: torch.Tensor, mask: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.patch is not None
+        sizes = mask.shape
+        foreground = torch.nonzero((mask > 0) & (mask != 255))
+        if len(foreground) and _uniform(g, 0.0, 1.0) < 0.5:
+            centre = foreground[_randint(g, len(foreground))].tolist()
+        else:
+            centre = [_randint(g, s) for s in sizes]
+        starts = [min(max(c - p // 2, 0), s - p) for c, p, s in zip(centre, self.patch, sizes)]
+        window = tuple(slice(s, s + p) for s, p in zip(starts, self.patch))
+        return x[(slice(None), *window)], mask[window]
 
 
 def build_volume_augment(cfg: AugmentConfig) -> Optional[VolumeAugment]:
