@@ -24,7 +24,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 from trainforge.errors import UserError
 
@@ -69,12 +69,15 @@ def check_writable(path: Path, field: str = "--run-dir") -> None:
         raise UserError(f"{field}: {probe} is not writable, so {path} cannot be created there; choose a writable directory")
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o666) -> None:
-    """Replace `path` with `text`; `mode` as for os.open (the umask applies)."""
+def write_text_atomic(path: Path, text: Union[str, bytes], mode: int = 0o666) -> None:
+    """Replace `path` with `text` (or bytes: a numpy array's .npy); `mode` as for os.open (the umask applies)."""
     path = Path(path)
+    if not isinstance(text, (str, bytes)):
+        raise TypeError(f"write_text_atomic writes str or bytes, not {type(text).__name__}")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as f:
+        how = "wb" if isinstance(text, bytes) else "w"
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), how) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -44,7 +44,7 @@ from trainforge.data.sources.common import (INDEX_SUFFIXES, MISSING_GROUP, SOURC
                                             group_reasons, label_notes, label_text, no_group_column, parse_args,
                                             read_index, require_path, under_index)
 from trainforge.errors import UserError
-from trainforge.files import trainforge_home
+from trainforge.files import trainforge_home, write_json_atomic, write_text_atomic
 
 WHAT = ("a folder with one subfolder of volumes (.nii, .nii.gz, DICOM series folders) per class, or an index "
         "(.csv, .jsonl, .parquet) of path,label[,patient_id,...]")
@@ -316,21 +316,21 @@ def prepared(path: str, settings: dict[str, Any], counts: Counter[str], mask: Op
         except Exception as e:  # likewise for the label volume
             verdict = "size_mismatch" if str(e) == "size" else "unreadable_mask"
         else:
-            _write_atomic(Path(Prepared(key, None, None, None).mask_path), lambda f: np.save(f, labels))
+            _save(Path(Prepared(key, None, None, None).mask_path), labels)
     if verdict is None:
         digest = hashlib.sha256(voxels.tobytes()).hexdigest()
-        _write_atomic(Path(cache_dir() / f"{key}.npy"), lambda f: np.save(f, voxels))
-    _write_atomic(facts, lambda f: f.write(json.dumps({"verdict": verdict, "uid": uid, "digest": digest}).encode()))
+        _save(cache_dir() / f"{key}.npy", voxels)
+    facts.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(facts, {"verdict": verdict, "uid": uid, "digest": digest})
     return Prepared(key, verdict, uid, digest)
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    """Write through a temporary file and rename: a reader (another rank) never sees half a file."""
+def _save(path: Path, array: np.ndarray) -> None:
+    """An array as .npy, atomically (a reader, another rank, never sees half a file)."""
+    buf = io.BytesIO()
+    np.save(buf, array)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
+    write_text_atomic(path, buf.getvalue())
 
 
 # ---- the entries: a class-folder tree or an index
