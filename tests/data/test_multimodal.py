@@ -84,6 +84,15 @@ def test_an_image_column_holding_numbers_and_a_missing_column_are_one_line(tmp_p
         build_data(cfg(index, group_by="drive"), seed=0)
 
 
+def test_a_categorical_column_of_too_many_values_is_one_line(tmp_path):
+    index = tmp_path / "i.jsonl"
+    index.write_text("".join(json.dumps({"speed": i, "load": 1, "weather": f"id-{i}", "label": str(i % 2)}) + "\n"
+                             for i in range(1001)))
+    with pytest.raises(UserError, match=r"data.args.categorical: column 'weather' has 1001 distinct values, more "
+                                        r"than 1000"):
+        build_data(cfg(index, images=[]), seed=0)
+
+
 def test_rows_of_one_drive_stay_in_one_split(tmp_path):
     index = write_drives(tmp_path / "d", 80, seed=3, side=8)
     bundle = build_data(cfg(index, group_by="drive"), seed=0)

@@ -144,11 +144,19 @@ class MultimodalSamples(Samples):
         return pool, splits
 
 
+MAX_CATEGORIES = 1000  # of one categorical column: its one-hot is that wide in every sample
+
+
 def categories_of(rows: list[dict[str, Any]], columns: list[str]) -> dict[str, list[str]]:
-    """Each categorical column's categories, sorted (the one-hot's order)."""
+    """Each categorical column's categories, sorted (the one-hot's order); a column of more than MAX_CATEGORIES
+    (an id, a free text) is one line, not a feature vector as wide as the index is long."""
     out = {}
     for column in columns:
         out[column] = sorted({str(r[column]).strip() for r in rows if not _empty(r.get(column))})
+        if len(out[column]) > MAX_CATEGORIES:
+            raise UserError(f"data.args.categorical: column {quote(column)} has {len(out[column])} distinct values, "
+                            f"more than {MAX_CATEGORIES}; an id or a free text is no category: leave it out, or "
+                            "encode it as numbers under data.args.features", public=True)
     return out
 
 
