@@ -286,3 +286,19 @@ def test_a_label_value_beyond_the_classes_is_one_line(tmp_path):
     write_nifti(mask, np.full((8, 8, 8), 3, np.int16), (1.0, 1.0, 1.0))
     with pytest.raises(UserError, match=r"ct0_mask.nii.gz: values 3 are no class of the 2 in data.args.classes"):
         build_data(volumes_cfg(index, mask_column="mask", classes=["background", "lesion"], size=[8, 8, 8]), seed=0)
+
+
+def test_a_series_folder_with_a_link_out_of_it_is_not_read(tmp_path):
+    """A slice that is a link to a file elsewhere (another user's, a secret) makes the series unreadable before any
+    of it is opened."""
+    root = tmp_path / "data"
+    rng = np.random.default_rng(7)
+    for k, kind in enumerate(("sphere", "cube")):
+        write_nifti(root / f"v{k}.nii.gz", shape_volume(kind, rng, size=8), SPACING)
+    series = write_dicom_series(root / "s", shape_volume("cube", rng, size=8), SPACING, patient_id="P9")
+    secret = tmp_path / "secret.dcm"
+    (series / "slice007.dcm").rename(secret)
+    (series / "slice007.dcm").symlink_to(secret)
+    index = write_index(root, [("v0.nii.gz", "sphere", "P1"), ("v1.nii.gz", "cube", "P2"), ("s", "cube", "P9")])
+    report = build_data(volumes_cfg(index, size=[8, 8, 8], val_fraction=0.0, test_fraction=0.0), seed=0).report
+    assert report["dropped"]["unreadable"] == 1 and report["dropped_examples"]["unreadable"] == ["s"]

@@ -212,14 +212,15 @@ def check_series(folder: str) -> tuple[Optional[str], Optional[str]]:
     of one size and orientation, at evenly spaced positions (a gap is a missing slice)."""
     import pydicom
 
-    files = sorted(f for f in os.listdir(folder) if not f.startswith(".") and os.path.isfile(os.path.join(folder, f)))
-    if not files:
-        return "unreadable", None
+    files = files_of(folder)
+    real = os.path.realpath(folder)
+    if not files or any(os.path.commonpath([real, os.path.realpath(f)]) != real for f in files):
+        return "unreadable", None  # empty, or a link to a file outside the series' folder: nothing of it is read
     heads = []
     for f in files:
         try:
             with _quiet():
-                heads.append(pydicom.dcmread(os.path.join(folder, f), stop_before_pixels=True))
+                heads.append(pydicom.dcmread(f, stop_before_pixels=True))
         except Exception:  # pydicom raises many types for a file that is not DICOM
             return "unreadable", None
     uids = {str(getattr(h, "SeriesInstanceUID", "")) for h in heads}
