@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The system packages some tests need, installed where this machine lets us (root and apt-get): a PostgreSQL
 # server (the job store's test starts its own) and Debian's chromium + chromium-driver (the dashboard and
-# cross-site tests; Selenium then downloads nothing). `make test` and .ci/run both call this, so the README's
-# command is the same check as CI. Without root or apt, or when the install fails, nothing stops: those tests
+# cross-site tests; Selenium then downloads nothing), and Slurm with munge (the job server's Slurm backend and
+# `launch slurm` run against a real slurmctld and slurmd that a fixture starts on localhost). `make test` and
+# .ci/run both call this, so the README's command is the same check as CI. Without root or apt, or when the install fails, nothing stops: those tests
 # skip and say what to install.
 set -uo pipefail
 
-PACKAGES=(postgresql chromium chromium-driver)
+PACKAGES=(postgresql chromium chromium-driver slurmctld slurmd slurm-client munge)
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

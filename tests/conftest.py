@@ -19,6 +19,7 @@ atexit.register(shutil.rmtree, os.environ["TRAINFORGE_HOME"], ignore_errors=True
 from chromium import CHROMIUM_MISSING, headless_chromium
 from mlflow_server import run_mlflow_server
 from postgres_server import Postgres, postgres_bin
+from slurm_cluster import SlurmCluster, slurm_missing
 
 
 @pytest.fixture
@@ -49,3 +50,19 @@ def postgres_url():
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` for the session (SQLite backend, artifacts through its proxy): its URL."""
     yield from run_mlflow_server(tmp_path_factory.mktemp("mlflow-server"))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A real Slurm cluster for the session (munged, slurmctld, two slurmd on localhost: nodes tf1 and tf2, 4 CPUs
+    and 3000 MB each; partition `debug` holds both, `one` holds tf1 alone). Skips with one line where Slurm and
+    munge are not installed or this is not root."""
+    why = slurm_missing()
+    if why:
+        pytest.skip(why)
+    cluster = SlurmCluster({"tf1": 3000, "tf2": 3000}, cpus=4,
+                           partitions={"debug": ["tf1", "tf2"], "one": ["tf1"]}).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

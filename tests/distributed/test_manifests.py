@@ -260,6 +260,30 @@ def test_skypilot_task_fields(tmp_path):
     _bash_syntax_ok(task["run"], tmp_path)
 
 
+def test_a_cpu_only_job_asks_no_engine_for_a_gpu_and_trains_on_the_cpu(tmp_path):
+    """--gpus-per-node 0: no GRES line, no nvidia.com/gpu limit, no accelerator; the processes per node and their
+    CPUs as given; every target's command adds train.device=cpu and hides the node's GPUs."""
+    spec = _spec(gpus_per_node=0, procs_per_node=3, cpus_per_gpu=2)
+    slurm = render("slurm", spec)
+    assert "--gpus" not in slurm and "#SBATCH --cpus-per-task=6" in slurm
+    assert "train.device=cpu" in slurm and "--nproc-per-node 3" in slurm
+    assert "export CUDA_VISIBLE_DEVICES=\n" in slurm and "export OMP_NUM_THREADS=2\n" in slurm
+    _bash_syntax_ok(slurm, tmp_path)
+    _, job = _k8s(spec)
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    assert "limits" not in container["resources"] and container["resources"]["requests"] == {"cpu": 6}
+    assert "train.device=cpu" in container["command"]
+    assert container["command"][container["command"].index("--nproc-per-node") + 1] == "3"
+    assert {"name": "CUDA_VISIBLE_DEVICES", "value": ""} in container["env"]
+    task = yaml.safe_load(render("skypilot", spec))
+    assert "accelerators" not in task["resources"] and task["resources"]["cpus"] == "6+"
+    assert "--nproc-per-node 3" in task["run"] and "train.device=cpu" in task["run"]
+    _bash_syntax_ok(task["run"], tmp_path)
+    # with GPUs the request is there, one process per GPU
+    gpu = render("slurm", _spec(gpus_per_node=2, cpus_per_gpu=4))
+    assert "#SBATCH --gpus-per-node=2" in gpu and "--nproc-per-node 2" in gpu and "train.device=cpu" not in gpu
+
+
 def test_skypilot_run_writes_recipe_byte_for_byte_and_starts_torchrun(tmp_path):
     task = yaml.safe_load(launch_text("skypilot", str(_recipe(tmp_path)), [], nodes=2))
     env = _fake_bin(tmp_path, {"trainforge": FAKE_TRAINFORGE})
@@ -321,7 +345,8 @@ def test_launch_text_uses_recipe_name_and_overrides(tmp_path):
         (dict(nodes=0), "--nodes"),
         (dict(nodes=2, min_nodes=3, max_nodes=2), "--min-nodes"),
         (dict(nodes=5, min_nodes=1, max_nodes=4), "--nodes"),
-        (dict(gpus_per_node=0), "--gpus-per-node"),
+        (dict(gpus_per_node=-1), "--gpus-per-node"),
+        (dict(procs_per_node=0), "--procs-per-node"),
         (dict(max_restarts=-1), "--max-restarts"),
         (dict(port=70000), "--port"),
         (dict(env={"NOT-VALID": "1"}), "--env"),

@@ -158,7 +158,8 @@ def _with_comments(text: str, comments: list[str]) -> str:
     return block + text
 
 
-INTERNAL_FIELDS = ("recipe_text", "pretrained")  # JobSpec fields filled from the recipe, not given as options
+# JobSpec fields filled from the recipe or by the job server, not given as options
+INTERNAL_FIELDS = ("recipe_text", "pretrained", "command")
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,8 @@ class JobSpec:
     nodes: int = 1
     min_nodes: Optional[int] = None  # elastic range (torchrun --nnodes MIN:MAX); default: nodes
     max_nodes: Optional[int] = None
-    gpus_per_node: int = 8
+    gpus_per_node: int = 8  # 0: a CPU-only job (no GPU request in the file; CPU processes, train.device=cpu)
+    procs_per_node: Optional[int] = None  # training processes per node; default: gpus_per_node, or 1 without GPUs
     max_restarts: int = 3  # torchrun restarts of the worker group before the job fails
     run_dir: Optional[str] = None  # None: runs/NAME on the target's shared storage (see run_dir_for)
     image: str = "trainforge:latest"  # k8s: a container image with trainforge installed
@@ -180,21 +182,30 @@ class JobSpec:
     spot: bool = False  # skypilot: spot instances; run it with `sky jobs launch` to recover
     bucket: Optional[str] = None  # skypilot: bucket URL (s3://, gs://, ...) mounted at /runs
     partition: Optional[str] = None  # slurm
+    account: Optional[str] = None  # slurm --account
+    qos: Optional[str] = None  # slurm --qos
     time_limit: Optional[str] = None  # slurm --time, e.g. "24:00:00"
-    cpus_per_gpu: int = 8
+    cpus_per_gpu: int = 8  # CPUs per training process (per GPU, or per CPU process when gpus_per_node is 0)
     mem_per_node_gib: Optional[int] = None
     port: int = 29500  # c10d rendezvous port on the head node
     env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. {"NCCL_DEBUG": "INFO"}
     pretrained: tuple[Pretrained, ...] = ()  # what the nodes load besides the recipe (launch_text fills it)
+    command: tuple[str, ...] = ("trainforge",)  # the words that start trainforge on a node (the job server names its python)
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             _bad("name", "must not be empty")
         if "\0" in self.recipe_text:
             raise UserError("recipe: contains a NUL byte, which no job file can carry; remove it")
-        for option in ("nodes", "gpus_per_node", "cpus_per_gpu"):
+        for option in ("nodes", "cpus_per_gpu"):
             if getattr(self, option) < 1:
                 _bad(option, f"must be at least 1, got {getattr(self, option)}")
+        if self.gpus_per_node < 0:
+            _bad("gpus_per_node", f"must be 0 (a CPU-only job) or more, got {self.gpus_per_node}")
+        if self.procs_per_node is not None and self.procs_per_node < 1:
+            _bad("procs_per_node", f"must be at least 1, got {self.procs_per_node}")
+        if not self.command:
+            _bad("command", "must name the program that runs trainforge")
         if self.max_restarts < 0:
             _bad("max_restarts", f"must be >= 0, got {self.max_restarts}")
         if not 1 <= self.port <= 65535:
@@ -228,6 +239,21 @@ class JobSpec:
         """torchrun's --nnodes: N, or MIN:MAX for an elastic job."""
         low, high = self.node_range
         return f"{low}:{high}" if low != high else str(low)
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.gpus_per_node == 0
+
+    @property
+    def nproc(self) -> int:
+        """Training processes per node (torchrun's --nproc-per-node)."""
+        if self.procs_per_node is not None:
+            return self.procs_per_node
+        return self.gpus_per_node or 1
+
+    @property
+    def cpus_per_node(self) -> int:
+        return self.nproc * self.cpus_per_gpu
 
     @property
     def slug(self) -> str:
@@ -287,8 +313,11 @@ def _write_config_lines(path_expr: str, spec: JobSpec) -> list[str]:
 
 
 def _train_args(config_path: str, run_dir: str, nproc: str, nnodes: str, endpoint: str, spec: JobSpec) -> list[str]:
+    """`trainforge train` as the node runs it: a CPU-only job adds train.device=cpu (it must not take a GPU that
+    the node happens to have, and that the engine did not give it)."""
     return [
-        "trainforge", "train", config_path,
+        *(shlex.quote(word) for word in spec.command), "train", config_path,
+        *(["train.device=cpu"] if spec.cpu_only else []),
         "--run-dir", run_dir,
         "--resume", "auto",
         "--nproc-per-node", nproc,
@@ -299,10 +328,21 @@ def _train_args(config_path: str, run_dir: str, nproc: str, nnodes: str, endpoin
 
 
 def _shell_command(words: list[str], head_words: int = 3) -> str:
-    """Pre-quoted words joined with line continuations: the head, then a flag and its value a line."""
+    """Pre-quoted words joined with line continuations: the head (up to and including the recipe, and a CPU job's
+    device override), then a flag and its value a line."""
+    first_flag = next((i for i, w in enumerate(words) if w == "--run-dir"), None)
+    if first_flag is not None:
+        head_words = first_flag
     head, rest = words[:head_words], words[head_words:]
     lines = [" ".join(head)] + ["  " + " ".join(rest[i : i + 2]) for i in range(0, len(rest), 2)]
     return " \\\n".join(lines)
+
+
+def _cpu_env_lines(spec: JobSpec) -> list[str]:
+    """A CPU-only job's environment: no GPU visible, and each process's threads matched to its CPUs."""
+    if not spec.cpu_only:
+        return []
+    return ["export CUDA_VISIBLE_DEVICES=", f"export OMP_NUM_THREADS={spec.cpus_per_gpu}"]
 
 
 # ------------------------------------------------------------------ slurm
@@ -317,27 +357,29 @@ def render_slurm(spec: JobSpec) -> str:
     passes it to srun (which signals every task: each rank writes a checkpoint) and requeues the job,
     whose next start resumes from that checkpoint.
     """
-    for option in ("partition", "time_limit"):
+    for option in ("partition", "account", "qos", "time_limit"):
         value = getattr(spec, option)
         if value is not None and not _SLURM_WORD.match(value):
             _bad(option, f"{value!r} has characters sbatch would misread; use letters, digits and . _ , : -")
     low, high = spec.node_range
-    cpus_per_task = spec.gpus_per_node * spec.cpus_per_gpu
+    cpus_per_task = spec.cpus_per_node
     directives = [
         f"--job-name={spec.slug}",
         f"--nodes={low}-{high}" if spec.elastic else f"--nodes={spec.nodes}",
-        "--ntasks-per-node=1",  # one torchrun agent per node; it starts one process per GPU
-        f"--gpus-per-node={spec.gpus_per_node}",
+        "--ntasks-per-node=1",  # one torchrun agent per node; it starts one process per GPU (or CPU process)
+        *([f"--gpus-per-node={spec.gpus_per_node}"] if not spec.cpu_only else []),  # no GRES on a CPU partition
         f"--cpus-per-task={cpus_per_task}",
         *([f"--partition={spec.partition}"] if spec.partition else []),
+        *([f"--account={spec.account}"] if spec.account else []),
+        *([f"--qos={spec.qos}"] if spec.qos else []),
         *([f"--time={spec.time_limit}"] if spec.time_limit else []),
         *([f"--mem={spec.mem_per_node_gib}G"] if spec.mem_per_node_gib else []),
         "--requeue",
         f"--signal=B:TERM@{TERM_GRACE_S}",
         "--open-mode=append",  # a requeued job appends to its log instead of truncating it
     ]
-    train = _train_args('"$config_file"', '"$run_dir"', str(spec.gpus_per_node), shlex.quote(spec.nnodes),
-                        f'"$head_node:{spec.port}"', spec)  # fmt: skip
+    train = _train_args('"$config_file"', '"$run_dir"', str(spec.nproc), shlex.quote(spec.nnodes),
+                        f'"$head_addr:{spec.port}"', spec)  # fmt: skip
     # newer Slurm does not pass sbatch's --cpus-per-task on to srun
     srun = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}", *train]
     lines = [
@@ -350,10 +392,14 @@ def render_slurm(spec: JobSpec) -> str:
         'config_file="$run_dir/job-config.yaml"',
         'mkdir -p "$run_dir"',
         *_write_config_lines('"$config_file"', spec),
+        *_cpu_env_lines(spec),
         *(f"export {key}={shlex.quote(value)}" for key, value in spec.env.items()),
         "",
         '# the first node of the allocation hosts the rendezvous (sed, not head: no SIGPIPE under pipefail)',
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+        "# ... at the address Slurm reaches it by (NodeAddr: the node's name itself on most clusters)",
+        """head_addr=$(scontrol show node "$head_node" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | sed -n 1p)""",
+        'head_addr=${head_addr:-$head_node}',
         "",
         "# SIGTERM before the time limit (or a preemption): let every rank checkpoint, then requeue;",
         "# the next start continues from the checkpoint (--resume auto).",
@@ -417,19 +463,23 @@ def render_k8s(spec: JobSpec) -> str:
     name = k8s_name(spec.name)
     config_map = f"{name}-config"
     run_dir = run_dir_for(spec, K8S_RUNS_MOUNT)
-    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.gpus_per_node), spec.nnodes,
+    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.nproc), spec.nnodes,
                           "$(MASTER_ADDR):$(MASTER_PORT)", spec)  # fmt: skip
     resources: dict[str, Any] = {
-        "limits": {"nvidia.com/gpu": spec.gpus_per_node},
-        "requests": {"cpu": spec.gpus_per_node * spec.cpus_per_gpu},
+        "limits": {"nvidia.com/gpu": spec.gpus_per_node} if not spec.cpu_only else {},
+        "requests": {"cpu": spec.cpus_per_node},
     }
     if spec.mem_per_node_gib:
         resources["limits"]["memory"] = resources["requests"]["memory"] = f"{spec.mem_per_node_gib}Gi"
+    if not resources["limits"]:
+        del resources["limits"]
+    env = {**({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(spec.cpus_per_gpu)} if spec.cpu_only else {}),
+           **spec.env}
     container = {
         "name": "pytorch",  # the training operator looks the container up by this name
         "image": spec.image,
         "command": command,
-        "env": [{"name": key, "value": value} for key, value in spec.env.items()],
+        "env": [{"name": key, "value": value} for key, value in env.items()],
         # the operator reads MASTER_PORT (and the elastic rendezvous port) from this named port
         "ports": [{"name": "pytorchjob-port", "containerPort": spec.port}],
         "resources": resources,
@@ -503,18 +553,20 @@ def render_skypilot(spec: JobSpec) -> str:
                        "pass e.g. --bucket s3://my-bucket/runs")  # fmt: skip
     config_path = "$HOME/.trainforge/" + spec.slug + ".yaml"
     run_dir = run_dir_for(spec, SKYPILOT_RUNS_MOUNT if spec.bucket else "runs")
-    train = _train_args(f'"{config_path}"', shlex.quote(run_dir), '"$SKYPILOT_NUM_GPUS_PER_NODE"',
+    nproc = str(spec.nproc) if spec.cpu_only or spec.procs_per_node else '"$SKYPILOT_NUM_GPUS_PER_NODE"'
+    train = _train_args(f'"{config_path}"', shlex.quote(run_dir), nproc,
                         '"$SKYPILOT_NUM_NODES"', f'"$head_node:{spec.port}"', spec)  # fmt: skip
     run = [
         "set -euo pipefail",
+        *_cpu_env_lines(spec),
         'mkdir -p "$HOME/.trainforge"',
         *_write_config_lines(f'"{config_path}"', spec),
         'head_node=$(echo "$SKYPILOT_NODE_IPS" | sed -n 1p)',  # sed, not head: no SIGPIPE under pipefail
         _shell_command(train),
     ]
     resources: dict[str, Any] = {
-        "accelerators": f"{spec.accelerator}:{spec.gpus_per_node}",
-        "cpus": f"{spec.gpus_per_node * spec.cpus_per_gpu}+",
+        **({"accelerators": f"{spec.accelerator}:{spec.gpus_per_node}"} if not spec.cpu_only else {}),
+        "cpus": f"{spec.cpus_per_node}+",
     }
     if spec.mem_per_node_gib:
         resources["memory"] = f"{spec.mem_per_node_gib}+"
