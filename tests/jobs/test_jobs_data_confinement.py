@@ -166,7 +166,7 @@ def fenced_read(service, job, *, check: bool, fence: bool) -> dict:
     for folder in (paths.run, paths.tmp):
         folder.mkdir(parents=True, exist_ok=True)
     out = subprocess.run([sys.executable, "-c", code], cwd=paths.path, capture_output=True, text=True, timeout=120,
-                         env=runner.job_env(service._job_env(job), service.slots[:1], paths),
+                         env=runner.job_env(service.job_env(job), service.slots[:1], paths),
                          preexec_fn=sandbox.preexec(service._policy(paths)) if fence else None)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -193,7 +193,7 @@ def test_a_job_inherits_an_allow_list_of_the_environment_and_credentials_only_fo
                       ("http://attacker.example:5000", False), ("http://mlflow.internal:5001", False),
                       ("https://mlflow.internal:5000", False), ("http://mlflow.internal:5000@attacker.example", False),
                       ("http://mlflow.internal:50000", False), (None, False)]:
-        env = service._job_env(job_with(uri))
+        env = service.job_env(job_with(uri))
         assert (env.get("MLFLOW_TRACKING_PASSWORD") == "op-password-123") is gets, uri
         assert "AWS_SECRET_ACCESS_KEY" not in env and "HF_TOKEN" not in env and "TRAINFORGE_TOKEN" not in env
 

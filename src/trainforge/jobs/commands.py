@@ -111,6 +111,18 @@ def server(
                                            "model's own code (model.args.trust_remote_code: true): the .py files of "
                                            "a model folder then run in the job and in its admission check. Default: "
                                            "refused."),
+    backend: str = typer.Option("local", "--backend", metavar="local|slurm|k8s|skypilot", help="Where jobs run: local "
+                                "(this machine's --gpus) or slurm (submitted with sbatch; --gpus then describes what "
+                                "one job may use on a node). k8s and skypilot: write job files with `trainforge "
+                                "launch`."),
+    slurm_partition: Optional[str] = typer.Option(None, "--slurm-partition", help="slurm: the partition jobs go to "
+                                                  "(default: the cluster's default). Submitters cannot choose it."),
+    slurm_account: Optional[str] = typer.Option(None, "--slurm-account", help="slurm: the account jobs are charged to."),
+    slurm_qos: Optional[str] = typer.Option(None, "--slurm-qos", help="slurm: the quality of service of every job."),
+    slurm_time_limit: Optional[str] = typer.Option(None, "--slurm-time-limit", help="slurm: --time of every job, "
+                                                   "e.g. 24:00:00."),
+    slurm_cpus_per_process: Optional[int] = typer.Option(None, "--slurm-cpus-per-process", help="slurm: CPUs per "
+                                                         "training process (default: 1 on CPU, 8 per GPU)."),
     unsandboxed_jobs: bool = typer.Option(False, "--unsandboxed-jobs", help="Run jobs without their Landlock fence "
                                           "where the kernel has none (Linux < 6.2): a job could then write anything "
                                           "this user can. Only where every submitter is trusted."),
@@ -119,7 +131,9 @@ def server(
 
     Ctrl-C stops the server; running jobs keep going and a restarted server adopts them.
     """
+    from trainforge.jobs.cluster import check_backend, make_engine
     from trainforge.jobs.server import is_loopback, serve  # heavy (fastapi); tests patch serve on the module
+    from trainforge.jobs.slurm import SlurmSettings
     from trainforge.jobs.serverlog import log_to
     from trainforge.jobs.service import JobService, StateDirLock  # heavy (sqlalchemy): the CLI starts fast without it
     from trainforge.jobs.store import Store, sqlite_url  # heavy (sqlalchemy): the CLI starts fast without it
@@ -134,6 +148,13 @@ def server(
     if admission_timeout_s <= 0 or admission_memory_gb <= 0:
         raise UserError("--admission-timeout-s / --admission-memory-gb: expected positive numbers")
     check_placement(placement)
+    check_backend(backend)
+    given = [f"--slurm-{n}" for n, v in (("partition", slurm_partition), ("account", slurm_account), ("qos", slurm_qos),
+             ("time-limit", slurm_time_limit), ("cpus-per-process", slurm_cpus_per_process)) if v is not None]
+    if given and backend != "slurm":
+        raise UserError(f"{given[0]}: a setting of the Slurm backend; add --backend slurm or drop it")
+    slurm = SlurmSettings(partition=slurm_partition, account=slurm_account, qos=slurm_qos, time_limit=slurm_time_limit,
+                          cpus_per_process=slurm_cpus_per_process)
     roots = parse_roots(data_root or [])
     allowed = parse_tracking_allow(tracking_uri_allow or [])
     passed = check_env_names(job_env or [])
@@ -146,6 +167,7 @@ def server(
             pass
     except OSError as e:
         raise UserError(f"--port: cannot listen on {host}:{port} ({e.strerror}); pick another --port or --host") from None
+    engine = make_engine(backend, slurm=slurm)  # its commands on PATH, the partition known (or the controller down)
     state_dir = state_dir.resolve()
     lock = StateDirLock(state_dir)
     lock.acquire()
@@ -156,7 +178,8 @@ def server(
               f"{escape(', '.join(map(str, roots)) or 'none')}  token: {'required' if secret else 'none'}  "
               f"placement: {placement}  hub downloads: {'allowed' if allow_hub_downloads else 'off'}  tracking "
               f"servers: {escape(', '.join(allowed) or 'none')}  remote code: "
-              f"{'allowed' if allow_remote_code else 'off'}  sandbox: {escape(fence.describe(abi))}",
+              f"{'allowed' if allow_remote_code else 'off'}  sandbox: {escape(fence.describe(abi))}  backend: "
+              f"{escape(backend)}" + (f" (partition {escape(slurm_partition)})" if engine and slurm_partition else ""),
               highlight=False, soft_wrap=True)
     if not sandboxed:
         err.print(f"[bold red]warning:[/bold red] {fence.UNSANDBOXED_FLAG}: jobs run UNFENCED; any job can write, read and "
@@ -168,7 +191,7 @@ def server(
     service = JobService(store, slots, state_dir, data_roots=roots, admission_timeout_s=admission_timeout_s,
                          admission_memory_bytes=int(admission_memory_gb * 2**30), placement=placement,
                          allow_hub_downloads=allow_hub_downloads, tracking_uri_allow=allowed, job_env=passed,
-                         sandboxed=sandboxed, allow_remote_code=allow_remote_code)
+                         sandboxed=sandboxed, allow_remote_code=allow_remote_code, engine=engine)
     try:
         with log_to(sys.stderr):  # every line printable: job names, job output and refused data are escaped
             serve(service, host=host, port=port, token=secret)

@@ -153,6 +153,8 @@ class JobOut(BaseModel):
     finished_at: Optional[float]
     pid: Optional[int]
     progress: Progress
+    backend: str  # where the job runs: local, or the cluster engine's name (slurm)
+    backend_id: Optional[str]  # the engine's id of its current (or last) attempt
 
 
 class JobDetail(JobOut):

@@ -57,12 +57,15 @@ from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Busy, SizeChecker
 from trainforge.jobs.slots import Slot, gpu_stats
 from trainforge.jobs.store import FINAL_STATES, Job, Store
+from trainforge.jobs.cluster import ClusterBackend
 
 if TYPE_CHECKING:
     from trainforge.jobs.admission import Admitted
+    from trainforge.jobs.cluster import Engine
 
 log = logging.getLogger("trainforge.jobs")
 
+ENGINE_POLL_S = 2.0  # how often a cluster engine is asked about its jobs (one `scontrol show job` a poll)
 CANCEL_GRACE_S = 60.0  # SIGTERM, then SIGKILL if the trainer has not checkpointed and exited by then
 ADMITTED_CACHE_SIZE = 256  # checked submissions remembered (an identical resubmission is not checked again)
 REFUSED_CACHE_SIZE = 256  # submissions their check refused, remembered by the same key with the line they got
@@ -92,7 +95,8 @@ class JobService:
                  admission_timeout_s: float = DEFAULT_TIMEOUT_S, admission_memory_bytes: int = DEFAULT_MEMORY_BYTES,
                  admission_parallel: int = DEFAULT_PARALLEL, placement: str = PLACEMENTS[0],
                  allow_hub_downloads: bool = False, tracking_uri_allow: Sequence[str] = (),
-                 job_env: Sequence[str] = (), sandboxed: bool = True, allow_remote_code: bool = False) -> None:
+                 job_env: Sequence[str] = (), sandboxed: bool = True, allow_remote_code: bool = False,
+                 engine: Optional["Engine"] = None, engine_poll_s: float = ENGINE_POLL_S) -> None:
         if not slots:
             raise UserError("--gpus: no slots to run jobs on; pass GPU indices or cpu:N")
         abi = sandbox.landlock_abi()
@@ -136,8 +140,14 @@ class JobService:
         self._admit_pool = ThreadPoolExecutor(2 * admission_parallel + 2, thread_name_prefix="trainforge-admit")
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # a cluster engine (jobs/cluster.py) places and runs the jobs; None: this machine's slots (the local backend)
+        self.cluster = ClusterBackend(self, engine, engine_poll_s) if engine is not None else None
 
     # ------------------------------------------------------------ paths and views
+
+    @property
+    def backend_name(self) -> str:
+        return "local" if self.cluster is None else self.cluster.engine.name
 
     def paths(self, job_id: int) -> JobDir:
         return JobDir(self.state_dir / "jobs" / str(job_id))
@@ -165,7 +175,7 @@ class JobService:
             "overrides": list(job.overrides), "memory_bytes": job.memory_bytes, "reason": job.reason,
             "cancel_requested": job.cancel_requested, "submitted_at": job.submitted_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "pid": job.pid,
-            "progress": self._progress(job),
+            "progress": self._progress(job), "backend": self.backend_name, "backend_id": job.backend_id,
         }
         if detail:
             doc[CONFIG_TEXT] = job.config_yaml
@@ -242,6 +252,8 @@ class JobService:
         the job turns cancelled when the process has ended (SIGKILL after cancel_grace_s)."""
         with self._lock:
             job = self.get(job_id)
+            if self.cluster is not None and job.backend_id and job.state in ("queued", "running"):
+                return self.cluster.cancel(job)
             if job.state == "queued":
                 self.store.finish(job_id, "cancelled", "cancelled by the user")
             elif job.state == "running":
@@ -249,7 +261,7 @@ class JobService:
                 if job.pid:
                     runner.signal_job(job.pid, signal.SIGTERM)
                 self._cancel_deadline[job_id] = time.monotonic() + self.cancel_grace_s
-                self._note(job_id, "cancel requested: SIGTERM sent to the job's processes")
+                self.note(job_id, "cancel requested: SIGTERM sent to the job's processes")
             return self.get(job_id)
 
     # ------------------------------------------------------------ the loop
@@ -277,6 +289,9 @@ class JobService:
     def tick(self) -> None:
         """Watch running jobs (ended? cancel overdue?), then start what fits."""
         with self._lock:
+            if self.cluster is not None:
+                self.cluster.tick()
+                return
             for job in self.store.running():
                 self._watch(job)
             self._schedule()
@@ -284,10 +299,13 @@ class JobService:
     def reconcile(self) -> None:
         """Make the table agree with the processes that exist, before anything new is started."""
         with self._lock:
+            if self.cluster is not None:
+                self.cluster.reconcile()
+                return
             for job in self.store.running():
                 paths = self.paths(job.id)
                 if job.pid and runner.is_ours(job.pid, job.pid_start_ticks, paths.run):
-                    self._note(job.id, f"adopted by a restarted server (pid {job.pid})")
+                    self.note(job.id, f"adopted by a restarted server (pid {job.pid})")
                     continue
                 if self._readopt(job):
                     continue
@@ -304,7 +322,7 @@ class JobService:
             return False
         leader = next((p for p in pids if _pgid(p) == p), pids[0])
         self.store.set_process(job.id, leader, runner.start_ticks(leader))
-        self._note(job.id, f"adopted process {leader} of this job")
+        self.note(job.id, f"adopted process {leader} of this job")
         return True
 
     def _watch(self, job: Job) -> None:
@@ -328,7 +346,7 @@ class JobService:
             runner.signal_job(job.pid, signal.SIGTERM)
             self._cancel_deadline[job.id] = time.monotonic() + self.cancel_grace_s
         elif time.monotonic() > deadline:
-            self._note(job.id, f"no exit {self.cancel_grace_s:.0f} s after SIGTERM: SIGKILL")
+            self.note(job.id, f"no exit {self.cancel_grace_s:.0f} s after SIGTERM: SIGKILL")
             runner.signal_job(job.pid, signal.SIGKILL)
             self._cancel_deadline[job.id] = time.monotonic() + self.cancel_grace_s
 
@@ -341,53 +359,74 @@ class JobService:
         rc = runner.read_exit(paths, job.attempt)
         if rc is None and wrapper_rc is not None and wrapper_rc < 0:
             rc = wrapper_rc  # the wrapper itself was killed (and took the trainer with it)
-        outcome = runner.judge(rc, complete=runner.run_complete(paths.run), cancel_requested=job.cancel_requested,
-                               restarts=job.restarts, max_restarts=job.max_restarts,
-                               last_line=runner.last_log_line(paths.log))
+        self.settle(job, rc)
+
+    def settle(self, job: Job, rc: Optional[int], outcome: Optional[runner.Outcome] = None) -> None:
+        """Record how an ended attempt came out (`rc`: the trainer's exit status, None when unknown): succeeded,
+        cancelled, failed, or queued again to resume."""
+        paths = self.paths(job.id)
+        if outcome is None:
+            outcome = runner.judge(rc, complete=runner.run_complete(paths.run), cancel_requested=job.cancel_requested,
+                                   restarts=job.restarts, max_restarts=job.max_restarts,
+                                   last_line=runner.last_log_line(paths.log))
         if outcome.state == "queued":
             self.store.requeue(job.id, outcome.reason)
-            self._note(job.id, f"attempt {job.attempt} ended: {outcome.reason}; restart {job.restarts + 1} of "
+            self.note(job.id, f"attempt {job.attempt} ended: {outcome.reason}; restart {job.restarts + 1} of "
                                f"{job.max_restarts} with --resume auto")
             log.warning("job %d: %s; requeued (restart %d of %d)", job.id, outcome.reason, job.restarts + 1, job.max_restarts)
         else:
             self.store.finish(job.id, outcome.state, outcome.reason)
             shutil.rmtree(paths.tmp, ignore_errors=True)  # its temp files and caches: the run directory stays
-            self._note(job.id, f"attempt {job.attempt} ended: {outcome.state}" + (f" ({outcome.reason})" if outcome.reason else ""))
+            self.note(job.id, f"attempt {job.attempt} ended: {outcome.state}" + (f" ({outcome.reason})" if outcome.reason else ""))
             log.info("job %d %s%s", job.id, outcome.state, f": {outcome.reason}" if outcome.reason else "")
+
+    def drop_unfit(self, queued: list[Job]) -> list[Job]:
+        """`queued` without the jobs that can never run on these slots (queued under a server with larger ones:
+        they would block the queue forever), which fail with the reason."""
+        capacity = {s.id: s.memory_bytes for s in self.slots}
+        fit = []
+        for job in queued:
+            reason = never_fits(capacity, job.memory_bytes, job.num_gpus)
+            if reason:
+                self.store.finish(job.id, "failed", f"cannot run on this server's slots: {reason}")
+            else:
+                fit.append(job)
+        return fit
 
     def _schedule(self) -> None:
         queued = self.store.queued()
         if not queued:
             return
         capacity = {s.id: s.memory_bytes for s in self.slots}
-        for job in list(queued):  # queued under a server with larger slots: it would block the queue forever
-            reason = never_fits(capacity, job.memory_bytes, job.num_gpus)
-            if reason:
-                self.store.finish(job.id, "failed", f"cannot run on this server's slots: {reason}")
-                queued.remove(job)
+        queued = self.drop_unfit(queued)
         running = [Placed(tuple(j.slots), j.memory_bytes) for j in self.store.running()]
         pending = [Pending(j.id, j.priority, j.num_gpus, j.memory_bytes) for j in queued]
         for job_id, slot_ids in assign(pending, capacity, running, self.placement):
             if self.store.claim(job_id, slot_ids):
                 self._launch(self.get(job_id))
 
-    def _launch(self, job: Job) -> None:
+    def prepare(self, job: Job) -> JobDir:
+        """The job's folder for a new attempt: its frozen recipe, its run and temp folders, its fence."""
         paths = self.paths(job.id)
+        private_dir(paths.path)
+        write_text_atomic(paths.recipe, job.config_yaml, mode=PRIVATE_FILE)  # what was accepted, whatever a stale directory holds
+        runner.kill_leftovers(paths.run)
+        for folder in (paths.run, paths.tmp):  # they must exist for the fence to let the job write them
+            private_dir(folder)
+        if self.sandboxed:
+            self._policy(paths).save(paths.sandbox)
+        return paths
+
+    def _launch(self, job: Job) -> None:
         slots = [self.slot_by_id[s] for s in job.slots]
         try:
-            private_dir(paths.path)
-            write_text_atomic(paths.recipe, job.config_yaml, mode=PRIVATE_FILE)  # what was accepted, whatever a stale directory holds
-            runner.kill_leftovers(paths.run)
-            for folder in (paths.run, paths.tmp):  # they must exist for the fence to let the job write them
-                private_dir(folder)
-            if self.sandboxed:
-                self._policy(paths).save(paths.sandbox)
+            paths = self.prepare(job)
             argv = runner.train_argv(self.python, paths, slots, resume=job.resume)
             header = (f"attempt {job.attempt} on {', '.join(job.slots)} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
                       f"{' '.join(argv[1:])}")
             popen = runner.start_attempt(paths, runner.wrapped_argv(self.python, paths, job.attempt, argv,
                                                                     sandboxed=self.sandboxed),
-                                         runner.job_env(self._job_env(job), slots, paths), header)
+                                         runner.job_env(self.job_env(job), slots, paths), header)
         except OSError as e:
             self.store.finish(job.id, "failed", f"cannot start the job's process: {e}")
             log.error("job %d: cannot start: %s", job.id, e)
@@ -402,7 +441,7 @@ class JobService:
                                   data_roots=self.data_roots, caches=[Path(c) for c in self.caches.values()],
                                   writable_caches=self.allow_hub_downloads, prepared=self.prepared)
 
-    def _job_env(self, job: Job) -> dict[str, str]:
+    def job_env(self, job: Job) -> dict[str, str]:
         """The server's allow-listed environment, plus its tracking credentials when the job logs to a tracking
         server the operator allowed (checked again now: the allow-list may have changed since admission)."""
         try:
@@ -414,7 +453,7 @@ class JobService:
             return {**self.env, **self.tracking_secrets}
         return dict(self.env)
 
-    def _note(self, job_id: int, text: str) -> None:
+    def note(self, job_id: int, text: str) -> None:
         """A line from the server in the job's log (the log tells the job's whole story)."""
         try:
             path = self.paths(job_id).log

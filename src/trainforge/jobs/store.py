@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from sqlalchemy import JSON, BigInteger, Boolean, Double, Integer, String, Text, create_engine, event, select, update
+from sqlalchemy import (JSON, BigInteger, Boolean, Double, Integer, String, Text, create_engine, event, inspect, select,
+                        text, update)
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -52,6 +53,9 @@ class Job(Base):
     slots: Mapped[list] = mapped_column(JSON, default=list)  # slot ids of the current (or last) attempt
     pid: Mapped[Optional[int]] = mapped_column(Integer, nullable=True)  # the job's process-group leader
     pid_start_ticks: Mapped[Optional[int]] = mapped_column(BigInteger, nullable=True)  # /proc/<pid>/stat start time
+    # a cluster backend's id of the current attempt (Slurm's job id): set when the engine took the job (still
+    # `queued` while the engine holds it pending), kept after it ended; None on the local backend
+    backend_id: Mapped[Optional[str]] = mapped_column(String(64), nullable=True)
     resume: Mapped[bool] = mapped_column(Boolean, default=False)  # the next start passes --resume auto
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     job_dir: Mapped[str] = mapped_column(String(2000), default="")
@@ -91,9 +95,23 @@ class Store:
         self.engine = make_engine(url)
         try:
             Base.metadata.create_all(self.engine)
+            self._add_new_columns()
         except OperationalError as e:
             raise UserError(f"--db: cannot open {self.engine.url.render_as_string(hide_password=True)} "
                             f"({str(e.orig).strip().splitlines()[0]}); check the URL and that the database is up") from None
+
+    def _add_new_columns(self) -> None:
+        """A table written by an older trainforge gets the nullable columns added since (its jobs keep their
+        history): ALTER TABLE ... ADD COLUMN, which SQLite and PostgreSQL both run in place."""
+        have = {c["name"] for c in inspect(self.engine).get_columns(Job.__tablename__)}
+        missing = [c for c in Job.__table__.columns if c.name not in have]
+        if not missing:
+            return
+        with self.engine.begin() as conn:
+            for column in missing:
+                assert column.nullable, column.name  # a new column must be nullable: old rows have no value
+                kind = column.type.compile(dialect=self.engine.dialect)
+                conn.execute(text(f'ALTER TABLE {Job.__tablename__} ADD COLUMN "{column.name}" {kind}'))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -150,11 +168,38 @@ class Store:
         return self._update(job_id, ("running",), pid=pid, pid_start_ticks=start_ticks)
 
     def requeue(self, job_id: int, reason: Optional[str], *, count_restart: bool = True, resume: bool = True) -> bool:
-        """running -> queued: the next start resumes; a restart is counted unless the process never ran."""
-        values: dict[str, Any] = dict(state="queued", reason=reason, pid=None, pid_start_ticks=None, resume=resume)
+        """running (or, on a cluster backend, queued in the engine) -> queued: the next start resumes; a restart is
+        counted unless the process never ran. The engine's id is dropped: the next attempt gets a new one."""
+        values: dict[str, Any] = dict(state="queued", reason=reason, pid=None, pid_start_ticks=None, resume=resume,
+                                      backend_id=None)
         if count_restart:
             values["restarts"] = Job.restarts + 1
-        return self._update(job_id, ("running",), **values)
+        return self._update(job_id, ("running", "queued"), **values)
+
+    # ------------------------------------------------------------ on a cluster backend
+
+    def dispatch(self, job_id: int, backend_id: str, reason: Optional[str] = None) -> bool:
+        """A queued job handed to the engine (a new attempt): it stays queued until the engine runs it."""
+        with self._session() as s, s.begin():
+            q = (update(Job).where(Job.id == job_id, Job.state == "queued", Job.backend_id.is_(None))
+                 .values(backend_id=backend_id, attempt=Job.attempt + 1, reason=reason, slots=[]))
+            return s.execute(q).rowcount == 1
+
+    def engine_started(self, job_id: int, nodes: list[str], now: Optional[float] = None) -> bool:
+        """The engine runs the job (on `nodes`): queued -> running."""
+        with self._session() as s, s.begin():
+            q = (update(Job).where(Job.id == job_id, Job.state == "queued", Job.backend_id.is_not(None))
+                 .values(state="running", slots=list(nodes), started_at=now or time.time(), reason=None))
+            return s.execute(q).rowcount == 1
+
+    def engine_pending(self, job_id: int, reason: Optional[str]) -> bool:
+        """The engine took a running job back into its queue (a requeue after a node failure or a preemption):
+        running -> queued, with the same engine id. Not a restart of ours: the engine restarts it."""
+        return self._update(job_id, ("running",), state="queued", reason=reason)
+
+    def note_reason(self, job_id: int, reason: Optional[str]) -> bool:
+        """Why a queued or running job waits (the engine's reason), shown with it."""
+        return self._update(job_id, ("queued", "running"), reason=reason)
 
     def finish(self, job_id: int, state: str, reason: Optional[str] = None, now: Optional[float] = None) -> bool:
         """queued|running -> a final state."""
@@ -163,8 +208,9 @@ class Store:
                             pid=None, pid_start_ticks=None)
 
     def request_cancel(self, job_id: int) -> bool:
-        """Mark a running job for cancellation (it turns `cancelled` once its process has exited)."""
-        return self._update(job_id, ("running",), cancel_requested=True)
+        """Mark a running job (or one an engine holds queued) for cancellation: it turns `cancelled` once its
+        process has exited."""
+        return self._update(job_id, ("running", "queued"), cancel_requested=True)
 
 
 def sqlite_url(path: Path) -> str:

@@ -67,6 +67,8 @@
     st.textContent = job.state;
     st.className = "state state-" + job.state;
     document.getElementById("job-gpus").textContent = job.gpus.join(",");
+    document.getElementById("job-backend").textContent =
+      job.backend === "local" || !job.backend ? "this machine" : job.backend + (job.backend_id ? " job " + job.backend_id : " (not submitted yet)");
     document.getElementById("job-restarts").textContent = job.restarts + " of " + job.max_restarts;
     document.getElementById("job-reason").textContent = job.reason || "";
     document.getElementById("job-eta").textContent = job.state === "running" ? tf.duration(job.progress.eta_s) : "";

@@ -1,0 +1,245 @@
+"""The job queue on a cluster engine: the engine places and runs each job, the server keeps everything else.
+
+    engine = make_engine("slurm", slurm=SlurmSettings(partition="debug"))     # `trainforge server --backend slurm`
+    service = JobService(store, slots, state_dir, engine=engine)              # the service then calls, each poll:
+    ClusterBackend(service, engine).tick()                                    # follow the engine's jobs, hand over new ones
+
+What stays the server's, whatever the backend: admission (the recipe checked and sized by the planner before it is
+queued), the queue order (priority, then submission), per-job restarts with `--resume auto`, cancel, the job's log,
+its run directory (progress, curves, comparison) and the dashboard. What the engine does: where and when each job
+runs. A job is handed over as soon as it is admitted, in queue order (the engine's own scheduler decides with the
+resources the job asks for: processes, CPUs, and on CPU the memory its plan needs), and it is `queued` until the
+engine runs it, with the engine's reason ("Resources", "Priority") beside it.
+
+The engine's controller may be down: nothing is lost. A job not yet handed over stays queued and goes as soon as
+the controller answers; the jobs the engine holds are followed again from where they were; a cancel is sent again.
+
+A job a server restart finds in the table is followed by its engine id (`backend_id`); a job handed over just before
+a crash, before its id was written, is found again by its name in the engine (`trainforge-<server>-<job>-<attempt>`),
+so it is never submitted twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any, Mapping, Optional, Protocol
+
+from trainforge.errors import UserError
+from trainforge.files import write_text_atomic
+from trainforge.jobs import runner
+from trainforge.jobs.environment import private_cache_env
+from trainforge.jobs.slurm import EngineDown, EngineJob, EngineRefused, Slurm, SlurmSettings
+from trainforge.jobs.store import Job
+from trainforge.launch.manifests import JobSpec, render
+
+log = logging.getLogger("trainforge.jobs")
+
+BACKENDS = ("local", "slurm", "k8s", "skypilot")  # `trainforge server --backend` choices; local is the default
+NOT_YET = ("k8s", "skypilot")  # named by the command's contract; no engine client is wired to the queue yet
+# What a CPU training process needs besides the planner's peak (tensors, optimizer state, activations): the
+# interpreter, torch and the data. Measured on digits_cnn on the CPU: peak RSS 0.55-0.75 GiB a process; 1 GiB is
+# what the engine is asked for on top of the plan, so its scheduler never packs more processes than fit.
+PROCESS_BASE_BYTES = 2**30
+NICE_BASE = 1_000_000  # priority p -> sbatch --nice=NICE_BASE - p (>= 0): a higher priority starts first
+RDZV_PORT_BASE, RDZV_PORTS = 29500, 20000  # each job's rendezvous port on its head node: two jobs never share one
+JOB_SCRIPT = "job.sbatch"
+
+
+class Engine(Protocol):
+    name: str
+
+    def check(self) -> Optional[str]: ...
+
+    def submit(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
+               env: Mapping[str, str]) -> str: ...
+
+    def poll(self) -> dict[str, EngineJob]: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+
+def check_backend(name: str) -> str:
+    """`--backend NAME`: one of BACKENDS, and one that this version can run (one line otherwise)."""
+    if name not in BACKENDS:
+        raise UserError(f"--backend: expected {', '.join(BACKENDS[:-1])} or {BACKENDS[-1]}, got {name!r}")
+    if name in NOT_YET:
+        raise UserError(f"--backend {name}: the queue cannot dispatch to {name} yet; `trainforge launch {name} "
+                        f"RECIPE` writes a job file you submit yourself, or use --backend slurm or local")
+    return name
+
+
+def make_engine(name: str, *, slurm: SlurmSettings = SlurmSettings(),
+                env: Optional[Mapping[str, str]] = None) -> Optional[Engine]:
+    """The engine for `--backend NAME` (None for local), checked: its commands exist, its settings are known to it.
+    A controller that is down is a warning logged here, not an error: jobs wait for it."""
+    if check_backend(name) == "local":
+        return None
+    engine = Slurm(slurm, env)
+    warning = engine.check()
+    if warning:
+        log.warning("%s", warning)
+    return engine
+
+
+def engine_name_of(state_dir: Path, job_id: int, attempt: int) -> str:
+    """The job's name in the engine: this server (its state folder) and the job's attempt, found again after a crash."""
+    server = hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]
+    return f"trainforge-{server}-{job_id}-{attempt}"
+
+
+class ClusterBackend:
+    def __init__(self, service: Any, engine: Engine, poll_s: float) -> None:
+        self.service = service  # the JobService (store, paths, prepare, job_env, settle, note)
+        self.engine = engine
+        self.poll_s = poll_s
+        self._next_poll = 0.0
+        self._down: Optional[str] = None  # the controller's last error while it is down
+        self._cancel_sent: set[str] = set()
+
+    @property
+    def store(self):
+        return self.service.store
+
+    # ------------------------------------------------------------ each poll
+
+    def reconcile(self) -> None:
+        """After a server start: a job a local server left `running` (no engine id) is stopped here and queued to
+        resume on the engine; the jobs the engine holds are followed on the next tick."""
+        for job in self.store.running():
+            if job.backend_id is None:
+                runner.kill_leftovers(self.service.paths(job.id).run)
+                self.store.requeue(job.id, "was running on this machine; resumes on the cluster", count_restart=False)
+                self.service.note(job.id, f"the server now runs jobs on {self.engine.name}: this job's local process "
+                                          "was stopped; it resumes there with --resume auto")
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next_poll:
+            return
+        self._next_poll = now + self.poll_s
+        try:
+            held = [j for j in self.store.list(["queued", "running"]) if j.backend_id]
+            names: dict[str, str] = {}
+            if held or self.store.queued():
+                states = self.engine.poll()
+                names = {ej.name: job_id for job_id, ej in states.items() if ej.name and ej.phase != "ended"}
+                for job in held:
+                    self._follow(job, states.get(job.backend_id))
+            self._hand_over(names)
+        except EngineDown as e:
+            if self._down is None:
+                log.warning("%s controller does not answer (%s); queued jobs wait, nothing is lost", self.engine.name, e)
+            self._down = str(e)
+            why = f"waiting: {self.engine.name} does not answer ({e}); the job is submitted when it does"
+            for job in self.store.queued():
+                if not job.backend_id and job.reason != why:
+                    self.store.note_reason(job.id, why)
+            return
+        if self._down is not None:
+            log.info("%s controller answers again", self.engine.name)
+            self._down = None
+
+    def _follow(self, job: Job, ej: Optional[EngineJob]) -> None:
+        if job.cancel_requested and ej is not None and ej.phase != "ended" and (
+                job.backend_id not in self._cancel_sent or ej.phase == "pending"):
+            self._send_cancel(job)  # not sent yet (the controller was down), or the job went back to pending
+        if ej is None:  # the controller forgot it (MinJobAge passed while the server was away): judge what it left
+            self._ended(job, None, "")
+            return
+        if ej.phase == "pending":
+            why = f"waiting in {self.engine.name} ({ej.reason or ej.state}), job {job.backend_id}"
+            if job.state == "running":  # the engine requeued it itself (node failure, preemption)
+                self.store.engine_pending(job.id, why)
+                self.service.note(job.id, f"{self.engine.name} requeued job {job.backend_id} ({ej.reason or ej.state}); "
+                                          "it resumes from its newest checkpoint when it starts again")
+            elif job.reason != why:
+                self.store.note_reason(job.id, why)
+        elif ej.phase == "running":
+            if job.state == "queued":
+                self.store.engine_started(job.id, list(ej.nodes))
+                self.service.note(job.id, f"attempt {job.attempt} running on {', '.join(ej.nodes) or '?'} "
+                                          f"({self.engine.name} job {job.backend_id})")
+        else:
+            self._ended(job, ej.exit_code, ej.state)
+
+    def _ended(self, job: Job, engine_rc: Optional[int], state: str) -> None:
+        self._cancel_sent.discard(job.backend_id or "")
+        paths = self.service.paths(job.id)
+        rc = runner.read_exit(paths, job.attempt)  # the wrapper's record of the trainer's own exit status
+        if rc is None:
+            rc = engine_rc
+        outcome = None
+        if state == "CANCELLED" and not job.cancel_requested and not runner.run_complete(paths.run):
+            outcome = runner.Outcome("cancelled", f"cancelled in {self.engine.name} (job {job.backend_id}), not "
+                                                  "through this server")
+        elif state in ("TIMEOUT", "DEADLINE") and not runner.run_complete(paths.run):
+            outcome = runner.Outcome("failed", f"{self.engine.name} ended job {job.backend_id}: {state.lower()} "
+                                               "(the server's time limit); resubmit it to continue (--resume auto)")
+        self.service.settle(job, rc, outcome)
+
+    def _hand_over(self, live_names: Mapping[str, str]) -> None:
+        """Queued jobs without an engine id go to the engine, in queue order."""
+        for job in self.service.drop_unfit([j for j in self.store.queued() if not j.backend_id]):
+            name = engine_name_of(self.service.state_dir, job.id, job.attempt + 1)
+            found = live_names.get(name)
+            if found is not None:  # handed over before a crash, its id never written: follow that one
+                self.store.dispatch(job.id, found, f"submitted to {self.engine.name} as job {found}")
+                continue
+            try:
+                backend_id = self._submit(job, name)
+            except EngineRefused as e:
+                self.store.finish(job.id, "failed", str(e))
+                self.service.note(job.id, str(e))
+                continue
+            except (OSError, UserError) as e:
+                self.store.finish(job.id, "failed", f"cannot submit the job: {e}")
+                continue
+            self.store.dispatch(job.id, backend_id, f"submitted to {self.engine.name} as job {backend_id}")
+            self.service.note(job.id, f"attempt {job.attempt + 1}: submitted to {self.engine.name} as job {backend_id}")
+            log.info("job %d attempt %d submitted to %s as job %s", job.id, job.attempt + 1, self.engine.name, backend_id)
+
+    def _submit(self, job: Job, name: str) -> str:
+        service = self.service
+        paths = service.prepare(job)
+        attempt = job.attempt + 1
+        cpu = service.slots[0].kind == "cpu"
+        nproc = job.num_gpus
+        python = service.python
+        wrapper = [python, "-m", "trainforge.jobs.wrapper", "--exit-file", str(paths.exit), "--attempt", str(attempt),
+                   *(["--sandbox", str(paths.sandbox)] if service.sandboxed else []), "--", python, "-m", "trainforge"]
+        settings = getattr(self.engine, "settings", SlurmSettings())
+        spec = JobSpec(name=name, recipe_text=job.config_yaml, run_dir=str(paths.run),
+                       gpus_per_node=0 if cpu else nproc, procs_per_node=nproc,
+                       cpus_per_gpu=settings.cpus_per_process or (1 if cpu else 8),
+                       partition=settings.partition, account=settings.account, qos=settings.qos,
+                       time_limit=settings.time_limit, max_restarts=0,
+                       port=RDZV_PORT_BASE + job.id % RDZV_PORTS, command=tuple(wrapper))
+        script = paths.path / JOB_SCRIPT
+        write_text_atomic(script, render(self.engine.name, spec), mode=0o700)
+        paths.exit.unlink(missing_ok=True)
+        env = {**service.job_env(job), **private_cache_env(paths.tmp), "PYTHONUNBUFFERED": "1"}
+        mem_mb = math.ceil(nproc * (job.memory_bytes + PROCESS_BASE_BYTES) / 2**20) if cpu else None
+        return self.engine.submit(script, job_dir=paths.path, log=paths.log, name=name, mem_mb=mem_mb,
+                                  nice=NICE_BASE - job.priority, env=env)
+
+    # ------------------------------------------------------------ cancel
+
+    def cancel(self, job: Job) -> Job:
+        """A job the engine holds: marked, then cancelled in the engine (SIGTERM: it checkpoints); it turns
+        `cancelled` when the engine says it ended. A controller that is down gets the cancel when it is back."""
+        self.store.request_cancel(job.id)
+        self._send_cancel(job)
+        return self.service.get(job.id)
+
+    def _send_cancel(self, job: Job) -> None:
+        try:
+            self.engine.cancel(job.backend_id)
+        except EngineDown as e:
+            self.service.note(job.id, f"cancel requested; {self.engine.name} does not answer ({e}): sent again when it does")
+            return
+        self._cancel_sent.add(job.backend_id)
+        self.service.note(job.id, f"cancel requested: {self.engine.name} job {job.backend_id} cancelled (SIGTERM, then "
+                                  "SIGKILL after the engine's grace)")

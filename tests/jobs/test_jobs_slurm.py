@@ -1,0 +1,247 @@
+"""The job queue on a real Slurm (`trainforge server --backend slurm`), against the slurmctld and the two slurmd the
+`slurm_cluster` fixture starts on localhost: a two-process CPU job to success, a cancel, a step killed with
+`scancel --signal=KILL` that the server restarts and that resumes bit-identically, two jobs whose planned memory does
+not fit one node together run one after the other, and a controller that is down keeps jobs queued until it is back.
+Every test here carries `slurm` in its name: `pytest tests/jobs -k slurm` selects them."""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs_helpers import (CHROMIUM_MISSING, LiveServer, latest_checkpoint_step, make_service, metrics_rows, wait_for,
+                          with_steps)
+from trainforge.errors import UserError
+from trainforge.jobs import runner
+from trainforge.jobs.cluster import PROCESS_BASE_BYTES, check_backend
+from trainforge.jobs.service import Submission
+from trainforge.jobs.slurm import Slurm, SlurmSettings
+from trainforge.layout import FINAL, WEIGHTS
+
+pytestmark = pytest.mark.slow
+JOB_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def slurm_service(slurm_cluster, tmp_path):
+    services = []
+
+    def make(partition: str = "debug", slots: str = "cpu:2", slot_memory_gb: float = 1.0, name: str = "a"):
+        engine = Slurm(SlurmSettings(partition=partition), env=slurm_cluster.env)
+        (tmp_path / name).mkdir()
+        svc = make_service(tmp_path / name, slots, slot_memory_gb, engine=engine, engine_poll_s=0.3)
+        svc.start()
+        services.append(svc)
+        return svc
+
+    yield make
+    for svc in services:
+        svc.stop()
+        for job in svc.store.list():
+            if job.backend_id:
+                slurm_cluster.run("scancel", job.backend_id)
+        svc.store.close()
+
+
+def _submit(svc, steps: int, *extra: str, gpus: int = 1, max_restarts: int = 0):
+    return svc.submit(Submission(recipe="digits_cnn", overrides=(*with_steps(steps), *extra), num_gpus=gpus,
+                                 max_restarts=max_restarts))
+
+
+def _wait_state(svc, job_id: int, states: tuple[str, ...], timeout_s: float = JOB_TIMEOUT_S):
+    def reached():
+        job = svc.get(job_id)
+        return job if job.state in states else None
+
+    try:
+        return wait_for(reached, timeout_s, f"job {job_id} to be {' or '.join(states)}", interval_s=0.2)
+    except AssertionError:
+        job = svc.get(job_id)
+        log = Path(job.log_path).read_text(errors="replace")[-4000:] if Path(job.log_path).exists() else ""
+        raise AssertionError(f"job {job_id} is {job.state} ({job.reason})\n{log}") from None
+
+
+def test_slurm_runs_a_two_process_cpu_job_to_success(slurm_service, slurm_cluster):
+    svc = slurm_service()
+    job = _submit(svc, 20, gpus=2)
+    assert svc.get(job.id).state == "queued"
+    done = _wait_state(svc, job.id, ("succeeded", "failed", "cancelled"))
+    assert done.state == "succeeded", done.reason
+    assert done.backend_id and done.slots and set(done.slots) <= {"tf1", "tf2"}
+    fields = slurm_cluster.job_fields(done.backend_id)
+    assert fields["JobState"] == "COMPLETED" and fields["Partition"] == "debug"
+    assert fields["NumCPUs"] == "2"  # two CPU processes, one CPU each, no GRES
+    run = Path(done.run_dir)
+    ran = json.loads((run / FINAL / "model.json").read_text())["ran"]
+    assert ran["world_size"] == 2 and ran["device"] == "cpu"
+    assert max(r["step"] for r in metrics_rows(run)) == 20
+    view = svc.view(done)
+    assert view["backend"] == "slurm" and view["backend_id"] == done.backend_id
+    assert view["progress"]["step"] == 20
+    log = Path(done.log_path).read_text()
+    assert f"submitted to slurm as job {done.backend_id}" in log and "run completed" in log
+
+
+def test_slurm_cancel_stops_a_running_job(slurm_service, slurm_cluster):
+    svc = slurm_service()
+    job = _submit(svc, 5000)
+    _wait_state(svc, job.id, ("running",))
+    wait_for(lambda: metrics_rows(Path(job.run_dir)), 120, "the job's first logged step")
+    svc.cancel(job.id)
+    done = _wait_state(svc, job.id, ("cancelled", "succeeded", "failed"), timeout_s=120)
+    assert done.state == "cancelled", done.reason
+    assert slurm_cluster.job_fields(done.backend_id)["JobState"] == "CANCELLED"
+    assert runner.job_processes(Path(done.run_dir)) == []
+    assert max(r["step"] for r in metrics_rows(Path(done.run_dir))) < 5000
+
+
+def test_slurm_kill_of_the_step_requeues_and_resumes_bit_identically(slurm_service, slurm_cluster):
+    svc = slurm_service()
+    steps = 24
+    killed = _submit(svc, steps, max_restarts=1)
+    reference = _submit(svc, steps, "name=reference")  # the same recipe, never interrupted
+    first = _wait_state(svc, killed.id, ("running",))
+    wait_for(lambda: latest_checkpoint_step(Path(killed.run_dir)) >= 8, 180, "a checkpoint at step 8 or later")
+    kill = slurm_cluster.run("scancel", "--signal=KILL", f"{first.backend_id}.0")
+    assert kill.returncode == 0, kill.stderr
+    done = _wait_state(svc, killed.id, ("succeeded", "failed", "cancelled"))
+    assert done.state == "succeeded", done.reason
+    assert done.restarts == 1 and done.backend_id != first.backend_id  # a second Slurm job, with --resume auto
+    assert slurm_cluster.job_fields(first.backend_id)["JobState"] == "FAILED"
+    log = Path(done.log_path).read_text()
+    assert "killed by SIGKILL" in log and "--resume auto" in log
+    ref = _wait_state(svc, reference.id, ("succeeded", "failed", "cancelled"))
+    assert ref.state == "succeeded", ref.reason
+    a = (Path(done.run_dir) / FINAL / WEIGHTS).read_bytes()
+    b = (Path(ref.run_dir) / FINAL / WEIGHTS).read_bytes()
+    assert a == b, "the resumed run's weights differ from the uninterrupted run's"
+
+    def losses(run_dir):
+        return {r["step"]: r["loss"] for r in metrics_rows(Path(run_dir)) if r.get("split") == "train"}
+
+    assert losses(done.run_dir) == losses(ref.run_dir)
+    assert json.loads((Path(done.run_dir) / "eval.json").read_text()) == json.loads((Path(ref.run_dir) / "eval.json").read_text())
+
+
+def test_slurm_queues_jobs_whose_planned_memory_does_not_fit_together(slurm_service, slurm_cluster):
+    """Node tf1 (partition `one`) has 3000 MB and 4 CPUs. A two-process job asks Slurm for twice (its planned peak +
+    the process base): two of them need more than 3000 MB, but only 4 CPUs, so memory alone keeps the second waiting.
+    Two one-process jobs, which fit together, run side by side on the same node."""
+    svc = slurm_service(partition="one")
+    big = [_submit(svc, 40, gpus=2), _submit(svc, 40, "name=second", gpus=2)]
+    need_mb = math.ceil(2 * (big[0].memory_bytes + PROCESS_BASE_BYTES) / 2**20)
+    assert 3000 < 2 * need_mb and need_mb <= 3000
+    running = _wait_state(svc, big[0].id, ("running",))
+    second = wait_for(lambda: (j := svc.get(big[1].id)).backend_id and j, 60, "the second job handed to Slurm")
+    fields = slurm_cluster.job_fields(second.backend_id)
+    assert fields["JobState"] == "PENDING" and fields["Reason"] == "Resources", fields
+    assert fields["MinMemoryNode"] == f"{need_mb}M"
+    assert svc.get(big[1].id).state == "queued"
+    wait_for(lambda: "Resources" in (svc.get(big[1].id).reason or ""), 30, "the server to show Slurm's reason")
+    ends = [_wait_state(svc, j.id, ("succeeded", "failed", "cancelled")) for j in big]
+    assert [e.state for e in ends] == ["succeeded", "succeeded"], [e.reason for e in ends]
+    first_f, second_f = (slurm_cluster.job_fields(e.backend_id) for e in ends)
+    assert second_f["StartTime"] >= first_f["EndTime"], (first_f["EndTime"], second_f["StartTime"])
+    assert running.slots == ["tf1"] and ends[1].slots == ["tf1"]
+
+    small = [_submit(svc, 40, "name=small1"), _submit(svc, 40, "name=small2")]
+    wait_for(lambda: all(svc.get(j.id).state in ("running", "succeeded") for j in small), 120, "both small jobs running")
+    ends = [_wait_state(svc, j.id, ("succeeded", "failed", "cancelled")) for j in small]
+    one, two = (slurm_cluster.job_fields(e.backend_id) for e in ends)
+    assert two["StartTime"] < one["EndTime"], "two jobs that fit together did not run side by side"
+
+
+def test_slurm_controller_down_keeps_a_job_queued_and_it_runs_when_slurm_is_back(slurm_service, slurm_cluster):
+    svc = slurm_service()
+    slurm_cluster.stop_controller()
+    try:
+        job = _submit(svc, 12)
+        reason = wait_for(lambda: (j := svc.get(job.id)).reason and "does not answer" in j.reason and j.reason, 60,
+                          "the job to say why it waits")
+        assert "\n" not in reason and svc.get(job.id).state == "queued" and svc.get(job.id).backend_id is None
+    finally:
+        slurm_cluster.start_controller()
+    done = _wait_state(svc, job.id, ("succeeded", "failed", "cancelled"))
+    assert done.state == "succeeded", done.reason
+    assert done.restarts == 0 and done.attempt == 1
+
+
+# ---------------------------------------------------------------- bad input: one line each
+
+
+def _server(tmp_path, *args: str, env=None) -> subprocess.CompletedProcess:
+    from postgres_server import free_port
+
+    return subprocess.run([sys.executable, "-m", "trainforge", "server", "--state-dir", str(tmp_path / "state"),
+                           "--port", str(free_port()), "--gpus", "cpu:1", *args],
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def _one_line(result: subprocess.CompletedProcess) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_slurm_bad_backend_settings_are_one_line_each(slurm_cluster, tmp_path):
+    line = _one_line(_server(tmp_path, "--backend", "nomad"))
+    assert "--backend" in line and "slurm" in line and "'nomad'" in line
+    line = _one_line(_server(tmp_path, "--backend", "k8s"))
+    assert "--backend k8s" in line and "trainforge launch k8s" in line
+    line = _one_line(_server(tmp_path, "--slurm-partition", "debug"))
+    assert "--slurm-partition" in line and "--backend slurm" in line
+    no_slurm = {**slurm_cluster.env, "PATH": str(tmp_path)}
+    line = _one_line(_server(tmp_path, "--backend", "slurm", env=no_slurm))
+    assert "sbatch" in line and "not on PATH" in line
+    line = _one_line(_server(tmp_path, "--backend", "slurm", "--slurm-partition", "nope", env=slurm_cluster.env))
+    assert "--slurm-partition" in line and "'nope'" in line and "sinfo" in line
+    line = _one_line(_server(tmp_path, "--backend", "slurm", "--slurm-account", "a b", env=slurm_cluster.env))
+    assert "--slurm-account" in line
+    assert not (tmp_path / "state" / "jobs.db").exists()
+    with pytest.raises(UserError):
+        check_backend("")
+
+
+def test_slurm_refusing_a_job_fails_it_with_slurms_line(slurm_service, slurm_cluster):
+    """A partition removed after the server started: sbatch refuses, the job fails with Slurm's reason, the queue
+    goes on."""
+    svc = slurm_service()
+    svc.cluster.engine = Slurm(SlurmSettings(partition="gone"), env=slurm_cluster.env)
+    job = _submit(svc, 12)
+    done = _wait_state(svc, job.id, ("failed", "succeeded"), timeout_s=60)
+    assert done.state == "failed" and "Slurm refused the job" in done.reason and "partition" in done.reason.lower()
+    assert "\n" not in done.reason
+
+
+@pytest.mark.skipif(CHROMIUM_MISSING is not None, reason=CHROMIUM_MISSING or "")
+def test_slurm_job_on_the_dashboard_like_a_local_one(slurm_service, slurm_cluster, browser):
+    """A job Slurm runs, in headless Chromium: its row, state and progress in the table; on its page Slurm's job id,
+    the node, the loss and metric curves and the log, all from the run directory Slurm's node wrote."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    svc = slurm_service()
+    with LiveServer(svc, manage_service=False) as server:
+        job = _submit(svc, 20)
+        browser.get(server.url + "/")
+        wait = WebDriverWait(browser, JOB_TIMEOUT_S, poll_frequency=0.3)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{job.id}"][data-state="running"]'))
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{job.id}"][data-state="succeeded"]'))
+        done = svc.get(job.id)
+        row = browser.find_element(By.CSS_SELECTOR, f'#jobs tr[data-job-id="{job.id}"]')
+        assert "20/20" in row.text and done.slots[0] in row.text
+        row.find_element(By.LINK_TEXT, str(job.id)).click()
+        wait.until(lambda d: d.find_element(By.ID, "job-state").text == "succeeded")
+        assert browser.find_element(By.ID, "job-backend").text == f"slurm job {done.backend_id}"
+        assert browser.find_element(By.ID, "job-gpus").text == done.slots[0]
+        path = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '#chart-loss path.series[data-series="train loss"]'))
+        assert int(path.get_attribute("data-points")) >= 5
+        metric = browser.find_element(By.CSS_SELECTOR, '#chart-metric path.series[data-series="val accuracy"]')
+        assert int(metric.get_attribute("data-points")) == 2
+        wait.until(lambda d: "test accuracy" in d.find_element(By.ID, "log").text)
+        assert f"submitted to slurm as job {done.backend_id}" in browser.find_element(By.ID, "log").text
