@@ -130,10 +130,10 @@ class SlurmCluster:
 
     def kill_node(self, name: str) -> None:
         """SIGKILL the node's slurmd, its job steps' slurmstepd and every task process of the node (a node that
-        dies): the tasks are the processes whose environment says SLURMD_NODENAME=name, their slurmstepd each one's
-        parent."""
+        dies): the tasks are the processes whose environment names this node and this cluster, their slurmstepd each
+        one's parent."""
         self._kill(f"slurmd-{name}", signal.SIGKILL)
-        for pid in node_processes(name):
+        for pid in node_processes(name, self.conf):
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -220,8 +220,9 @@ class SlurmCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def node_processes(name: str) -> list[int]:
-    """The task processes of node `name` (SLURMD_NODENAME in their environment) and the slurmstepd above them."""
+def node_processes(name: str, conf: Path) -> list[int]:
+    """The task processes of node `name` of the cluster whose slurm.conf is `conf` (SLURMD_NODENAME and SLURM_CONF in
+    their environment: another test's cluster may have a node of the same name) and the slurmstepd above them."""
     tasks, stepds = set(), set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -231,7 +232,8 @@ def node_processes(name: str) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        if f"SLURMD_NODENAME={name}".encode() in environ.split(b"\0"):
+        variables = environ.split(b"\0")
+        if f"SLURMD_NODENAME={name}".encode() in variables and f"SLURM_CONF={conf}".encode() in variables:
             tasks.add(int(entry.name))
             parent = int(stat[stat.rfind(")") + 2:].split()[1])
             try:

@@ -65,11 +65,22 @@ def test_bad_distributed_options_exit_2(args, field, capsys, tmp_path):
     assert code == 2 and field in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("node_id, is_host", [("0", "true"), ("1", "false")])
+def test_under_srun_the_first_node_hosts_the_rendezvous(monkeypatch, node_id, is_host):
+    monkeypatch.setenv("SLURM_NODEID", node_id)
+    args = torchrun_args(["x"], nproc_per_node=1, nnodes="1:2", rdzv_endpoint="10.0.0.1:29500", max_restarts=3,
+                         run_id="r")
+    assert f"--rdzv-conf=is_host={is_host}" in args
+    single = torchrun_args(["x"], nproc_per_node=2, nnodes="1", rdzv_endpoint=None, max_restarts=0, run_id="r")
+    assert not [a for a in single if a.startswith("--rdzv-conf")]
+
+
 def test_torchrun_arguments():
     args = torchrun_args(["x"], nproc_per_node=8, nnodes="2:4", rdzv_endpoint="node0:29500", max_restarts=3, run_id="r")
     assert args[:3] == ["--nproc-per-node=8", "--nnodes=2:4", "--max-restarts=3"]
     assert "--rdzv-backend=c10d" in args and "--rdzv-endpoint=node0:29500" in args and "--rdzv-id=r" in args
     assert args[-4:] == ["--module", "trainforge", "train", "x"]
+    assert not [a for a in args if a.startswith("--rdzv-conf")]  # outside Slurm: torchrun's own guess
     single = torchrun_args(["x"], nproc_per_node=2, nnodes="1", rdzv_endpoint=None, max_restarts=0, run_id="r")
     assert "--standalone" in single
     with pytest.raises(UserError, match="--max-restarts"):

@@ -104,7 +104,10 @@ def test_slurm_directives():
 
     plain = render("slurm", _spec())
     assert "--partition" not in plain and "--time" not in plain and "--mem" not in plain
-    assert "#SBATCH --nodes=2-4" in render("slurm", _spec(nodes=3, min_nodes=2, max_nodes=4))
+    elastic = render("slurm", _spec(nodes=3, min_nodes=2, max_nodes=4))
+    # starts on --nodes, keeps its allocation when a node fails (--no-kill): torchrun goes on within 2:4
+    assert "#SBATCH --nodes=3\n" in elastic and "#SBATCH --no-kill\n" in elastic and "srun --no-kill" in elastic
+    assert "--nnodes 2:4" in elastic and "--no-kill" not in plain
 
 
 def test_slurm_script_writes_recipe_byte_for_byte_and_starts_torchrun(tmp_path):

@@ -112,3 +112,46 @@ def test_a_bad_database_url_is_one_line(tmp_path):
         Store("nosuchdb://x")
     with pytest.raises(UserError, match="--db: cannot open"):
         Store(sqlite_url(tmp_path / "missing-dir" / "jobs.db"))
+
+
+def test_a_cluster_engines_job_is_queued_until_it_runs_and_keeps_its_id(store):
+    """On a cluster backend: dispatch (queued, with the engine's id, a new attempt), started (running on the
+    engine's nodes), taken back by the engine (queued, the same id), ended and requeued by us (the id dropped)."""
+    job = new_job(store)
+    assert not store.engine_started(job.id, ["tf1"])  # not handed over yet
+    assert store.dispatch(job.id, "41", "submitted")
+    assert not store.dispatch(job.id, "42")  # handed over once
+    got = store.get(job.id)
+    assert (got.state, got.backend_id, got.attempt) == ("queued", "41", 1)
+    assert store.engine_started(job.id, ["tf1"])
+    got = store.get(job.id)
+    assert (got.state, got.slots, got.reason) == ("running", ["tf1"], None)
+    assert store.engine_pending(job.id, "requeued by the engine")
+    assert (store.get(job.id).state, store.get(job.id).backend_id) == ("queued", "41")
+    assert store.request_cancel(job.id)  # a job the engine holds can be cancelled while queued
+    assert store.requeue(job.id, "killed")  # the engine's job ended: ours goes back without the old id
+    got = store.get(job.id)
+    assert (got.state, got.backend_id, got.restarts) == ("queued", None, 1)
+    assert not store.requeue(job.id, "again")  # a queued job the engine does not hold cannot be requeued
+
+
+def test_an_older_job_table_gets_the_new_columns_in_place(tmp_path):
+    """A jobs.db written before backend_id existed: opened by this version, its rows are kept and the column added."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    Store(sqlite_url(path)).close()
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE jobs DROP COLUMN backend_id")
+    con.execute("INSERT INTO jobs (name, recipe, overrides, config_yaml, num_gpus, priority, max_restarts, restarts, "
+                "attempt, state, memory_bytes, slots, resume, cancel_requested, job_dir, submitted_at) VALUES "
+                "('old', 'digits_cnn', '[]', 'x: 1', 1, 0, 0, 0, 1, 'succeeded', 5, '[]', 0, 0, 'jobs/1', 1.0)")
+    con.commit()
+    con.close()
+    store = Store(sqlite_url(path))
+    try:
+        (old,) = store.list()
+        assert (old.name, old.state, old.backend_id) == ("old", "succeeded", None)
+        assert store.dispatch(new_job(store).id, "7")
+    finally:
+        store.close()

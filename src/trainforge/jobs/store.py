@@ -174,7 +174,9 @@ class Store:
                                       backend_id=None)
         if count_restart:
             values["restarts"] = Job.restarts + 1
-        return self._update(job_id, ("running", "queued"), **values)
+        with self._session() as s, s.begin():
+            held = (Job.state == "running") | ((Job.state == "queued") & Job.backend_id.is_not(None))
+            return s.execute(update(Job).where(Job.id == job_id, held).values(**values)).rowcount == 1
 
     # ------------------------------------------------------------ on a cluster backend
 

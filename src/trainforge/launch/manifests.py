@@ -361,11 +361,13 @@ def render_slurm(spec: JobSpec) -> str:
         value = getattr(spec, option)
         if value is not None and not _SLURM_WORD.match(value):
             _bad(option, f"{value!r} has characters sbatch would misread; use letters, digits and . _ , : -")
-    low, high = spec.node_range
     cpus_per_task = spec.cpus_per_node
     directives = [
         f"--job-name={spec.slug}",
-        f"--nodes={low}-{high}" if spec.elastic else f"--nodes={spec.nodes}",
+        # an elastic job starts on --nodes (Slurm would give a MIN-MAX range its minimum) and, with --no-kill, keeps
+        # its allocation when a node fails: torchrun (--nnodes MIN:MAX) goes on with the nodes that are left
+        f"--nodes={spec.nodes}",
+        *(["--no-kill"] if spec.elastic else []),
         "--ntasks-per-node=1",  # one torchrun agent per node; it starts one process per GPU (or CPU process)
         *([f"--gpus-per-node={spec.gpus_per_node}"] if not spec.cpu_only else []),  # no GRES on a CPU partition
         f"--cpus-per-task={cpus_per_task}",
@@ -381,7 +383,8 @@ def render_slurm(spec: JobSpec) -> str:
     train = _train_args('"$config_file"', '"$run_dir"', str(spec.nproc), shlex.quote(spec.nnodes),
                         f'"$head_addr:{spec.port}"', spec)  # fmt: skip
     # newer Slurm does not pass sbatch's --cpus-per-task on to srun
-    srun = ["srun", "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}", *train]
+    srun = ["srun", *(["--no-kill"] if spec.elastic else []), "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
+            *train]
     lines = [
         "#!/bin/bash",
         f"# trainforge job {spec.slug!r}: submit with `sbatch FILE` from a directory on the shared filesystem.",
@@ -420,7 +423,7 @@ def render_slurm(spec: JobSpec) -> str:
         "trap on_term TERM",
         "",
         "# in the background, so that the trap runs as soon as the signal arrives",
-        _shell_command(srun, head_words=6) + " &",
+        _shell_command(srun) + " &",
         "srun_pid=$!",
         'wait "$srun_pid"',
     ]

@@ -92,6 +92,12 @@ def torchrun_args(
     args = [f"--nproc-per-node={nproc_per_node}", f"--nnodes={nnodes}", f"--max-restarts={max_restarts}"]
     if rdzv_endpoint:
         args += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={run_id}"]
+        node_id = os.environ.get("SLURM_NODEID")
+        if node_id is not None and node_id.isdigit():
+            # under srun the first node of the allocation hosts the rendezvous store (the job file's endpoint is its
+            # address), said outright: torchrun's guess by hostname fails where a node's name is not its address,
+            # and where two nodes share one (all of them would try to host it)
+            args.append(f"--rdzv-conf=is_host={'true' if node_id == '0' else 'false'}")
     else:
         args += ["--standalone"]
     return [*args, "--module", "trainforge", "train", *worker_args]
