@@ -256,6 +256,8 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", help="Job name (default: the recipe's name)."),
     image: Optional[str] = typer.Option(None, "--image", help="k8s: container image with trainforge installed."),
     pvc: Optional[str] = typer.Option(None, "--pvc", help="k8s: PersistentVolumeClaim for the run directories."),
+    k8s_api: Optional[str] = typer.Option(None, "--k8s-api", metavar="pytorchjob|trainjob", help="k8s: a Kubeflow "
+                                          "PyTorchJob (training operator v1, the default) or a Trainer v2 TrainJob."),
     setup: Optional[str] = typer.Option(None, "--setup", help="skypilot: setup commands."),
     accelerator: Optional[str] = typer.Option(None, "--accelerator", help="skypilot: accelerator name (default H100)."),
     spot: bool = typer.Option(False, "--spot", help="skypilot: spot instances (needs --bucket)."),
@@ -280,7 +282,7 @@ def launch(
         env_vars[key] = value
     text = launch_text(
         target, recipe, overrides, nodes=nodes, min_nodes=min_nodes, max_nodes=max_nodes, gpus_per_node=gpus_per_node,
-        procs_per_node=procs_per_node, account=account, qos=qos,
+        procs_per_node=procs_per_node, account=account, qos=qos, k8s_api=k8s_api,
         max_restarts=max_restarts, run_dir=run_dir, name=name, image=image, pvc=pvc, setup=setup,
         accelerator=accelerator, spot=spot or None, bucket=bucket, partition=partition, time_limit=time_limit,
         cpus_per_gpu=cpus_per_gpu, mem_per_node_gib=mem_per_node_gib, port=port, env=env_vars or None,

@@ -209,7 +209,7 @@ def test_k8s_pytorchjob_fields():
         (container,) = pod["containers"]
         assert container["name"] == "pytorch"
         assert container["image"] == "trainforge:latest"
-        assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert {"name": "NCCL_DEBUG", "value": "INFO"} in container["env"]
         assert container["ports"] == [{"name": "pytorchjob-port", "containerPort": 29500}]
         command = container["command"]
@@ -274,7 +274,7 @@ def test_a_cpu_only_job_asks_no_engine_for_a_gpu_and_trains_on_the_cpu(tmp_path)
     _bash_syntax_ok(slurm, tmp_path)
     _, job = _k8s(spec)
     container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
-    assert "limits" not in container["resources"] and container["resources"]["requests"] == {"cpu": 6}
+    assert "limits" not in container["resources"] and container["resources"]["requests"] == {"cpu": "6"}
     assert "train.device=cpu" in container["command"]
     assert container["command"][container["command"].index("--nproc-per-node") + 1] == "3"
     assert {"name": "CUDA_VISIBLE_DEVICES", "value": ""} in container["env"]

@@ -245,3 +245,39 @@ def test_slurm_job_on_the_dashboard_like_a_local_one(slurm_service, slurm_cluste
         assert int(metric.get_attribute("data-points")) == 2
         wait.until(lambda d: "test accuracy" in d.find_element(By.ID, "log").text)
         assert f"submitted to slurm as job {done.backend_id}" in browser.find_element(By.ID, "log").text
+
+
+def test_slurm_jobs_survive_a_server_restart_and_none_is_submitted_twice(slurm_cluster, tmp_path):
+    """A server stopped (as by a crash) while Slurm runs its job: a new server on the same state folder follows that
+    Slurm job by its id to success, no second attempt. A job handed to Slurm just before a crash, its id never written
+    to the table, is found again by its name in Slurm and followed, not submitted a second time."""
+    from trainforge.jobs.cluster import engine_name_of
+
+    engine = Slurm(SlurmSettings(partition="debug"), env=slurm_cluster.env)
+    first = make_service(tmp_path, "cpu:2", 1.0, engine=engine, engine_poll_s=0.3)
+    first.start()
+    job = _submit(first, 60)
+    running = _wait_state(first, job.id, ("running",))
+    first.stop()  # the server goes away; Slurm keeps running the job
+
+    # a second job, handed to Slurm the way the server does, as if the server died before writing the id down
+    orphan = first.submit(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
+    name = engine_name_of(first.state_dir, orphan.id, 1)
+    first.cluster._submit(first.get(orphan.id), name)
+    assert first.get(orphan.id).backend_id is None
+    first.store.close()
+
+    second = make_service(tmp_path, "cpu:2", 1.0, engine=engine, engine_poll_s=0.3)
+    second.start()
+    try:
+        done = _wait_state(second, job.id, ("succeeded", "failed", "cancelled"))
+        assert done.state == "succeeded" and done.backend_id == running.backend_id and done.attempt == 1
+        adopted = _wait_state(second, orphan.id, ("succeeded", "failed", "cancelled"))
+        assert adopted.state == "succeeded" and adopted.attempt == 1
+        ours = [line for line in slurm_cluster.run("scontrol", "show", "job", "-o").stdout.splitlines()
+                if f"JobName={name} " in line]
+        assert len(ours) == 1  # Slurm ran it once
+        assert adopted.backend_id in ours[0]
+    finally:
+        second.stop()
+        second.store.close()

@@ -39,6 +39,8 @@ CONFIG_EOF = "TRAINFORGE_CONFIG_EOF"
 K8S_CONFIG_DIR = "/etc/trainforge"
 K8S_RUNS_MOUNT = "/runs"
 SKYPILOT_RUNS_MOUNT = "/runs"
+K8S_APIS = ("pytorchjob", "trainjob")  # `launch k8s --k8s-api`: the v1 PyTorchJob (older clusters) or a v2 TrainJob
+TRAINJOB_NODE = "node"  # the replicated job and container of Kubeflow Trainer's torch runtimes
 TERM_GRACE_S = 120  # SIGTERM this long before the kill: time for every rank to write a checkpoint
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -177,6 +179,8 @@ class JobSpec:
     run_dir: Optional[str] = None  # None: runs/NAME on the target's shared storage (see run_dir_for)
     image: str = "trainforge:latest"  # k8s: a container image with trainforge installed
     pvc: str = "trainforge-runs"  # k8s: ReadWriteMany PersistentVolumeClaim mounted at /runs
+    k8s_api: str = "pytorchjob"  # k8s: pytorchjob (Kubeflow training operator, kubeflow.org/v1) or trainjob (Trainer v2)
+    k8s_runtime: str = "torch-distributed"  # k8s trainjob: the ClusterTrainingRuntime it runs on
     setup: str = "pip install trainforge"  # skypilot: commands that install trainforge on each node
     accelerator: str = "H100"  # skypilot accelerator name (`sky show-gpus`)
     spot: bool = False  # skypilot: spot instances; run it with `sky jobs launch` to recover
@@ -219,6 +223,8 @@ class JobSpec:
             _bad("min_nodes", f"({low}) must be <= --max-nodes ({high})")
         if not low <= self.nodes <= high:
             _bad("nodes", f"({self.nodes}) must lie between --min-nodes ({low}) and --max-nodes ({high})")
+        if self.k8s_api not in K8S_APIS:
+            _bad("k8s_api", f"expected {' or '.join(K8S_APIS)}, got {self.k8s_api!r}")
         for key in self.env:
             if not _ENV_NAME.match(key):
                 _bad("env", f"{key!r} is not a valid variable name; use letters, digits and _")
@@ -464,20 +470,21 @@ def k8s_name(name: str) -> str:
 
 @LAUNCHERS.register("k8s")
 def render_k8s(spec: JobSpec) -> str:
-    """A ConfigMap holding the recipe, then a Kubeflow PyTorchJob (training operator, kubeflow.org/v1).
+    """A ConfigMap holding the recipe, then the job: a Kubeflow PyTorchJob (training operator, kubeflow.org/v1; the
+    default) or, with `k8s_api="trainjob"`, a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on the
+    `torch-distributed` runtime. Every node mounts the recipe, the run directory's PVC and a memory-backed /dev/shm.
 
-    Master is node 0 and hosts the c10d rendezvous at $(MASTER_ADDR):$(MASTER_PORT), which the
-    operator sets; Workers are the other nodes. `restartPolicy: OnFailure` restarts a failed pod,
-    and the run directory on the PVC lets the restarted job resume.
+    PyTorchJob: Master is node 0 and hosts the c10d rendezvous at $(MASTER_ADDR):$(MASTER_PORT), which the operator
+    sets; Workers are the other nodes; `restartPolicy: OnFailure` restarts a failed pod, and the run directory on the
+    PVC lets the restarted job resume. TrainJob: the runtime starts numNodes pods and sets $(PET_MASTER_ADDR) and
+    $(PET_MASTER_PORT); the mounts go in as a runtime patch of its `node` container.
     """
     name = k8s_name(spec.name)
     config_map = f"{name}-config"
     run_dir = run_dir_for(spec, K8S_RUNS_MOUNT)
-    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.nproc), spec.nnodes,
-                          "$(MASTER_ADDR):$(MASTER_PORT)", spec)  # fmt: skip
     resources: dict[str, Any] = {
-        "limits": {"nvidia.com/gpu": spec.gpus_per_node} if not spec.cpu_only else {},
-        "requests": {"cpu": spec.cpus_per_node},
+        "limits": {"nvidia.com/gpu": str(spec.gpus_per_node)} if not spec.cpu_only else {},
+        "requests": {"cpu": str(spec.cpus_per_node)},  # quantities are strings in the API
     }
     if spec.mem_per_node_gib:
         resources["limits"]["memory"] = resources["requests"]["memory"] = f"{spec.mem_per_node_gib}Gi"
@@ -485,30 +492,39 @@ def render_k8s(spec: JobSpec) -> str:
         del resources["limits"]
     env = {**({"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": str(spec.cpus_per_gpu)} if spec.cpu_only else {}),
            **spec.env}
+    env_list = [{"name": key, "value": value} for key, value in env.items()]
+    mounts = [
+        {"name": "config", "mountPath": K8S_CONFIG_DIR, "readOnly": True},
+        {"name": "runs", "mountPath": K8S_RUNS_MOUNT},
+        {"name": "dshm", "mountPath": "/dev/shm"},  # DataLoader workers pass batches through shared memory
+    ]
+    volumes = [
+        {"name": "config", "configMap": {"name": config_map}},
+        {"name": "runs", "persistentVolumeClaim": {"claimName": spec.pvc}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    config_doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": config_map},
+                  "data": {CONFIG: _config_text(spec)}}
+    if spec.k8s_api == "trainjob":
+        return _dump_yaml(config_doc, _trainjob(spec, name, run_dir, resources, env_list, mounts, volumes))
+    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.nproc), spec.nnodes,
+                          "$(MASTER_ADDR):$(MASTER_PORT)", spec)  # fmt: skip
     container = {
         "name": "pytorch",  # the training operator looks the container up by this name
         "image": spec.image,
         "command": command,
-        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "env": env_list,
         # the operator reads MASTER_PORT (and the elastic rendezvous port) from this named port
         "ports": [{"name": "pytorchjob-port", "containerPort": spec.port}],
         "resources": resources,
-        "volumeMounts": [
-            {"name": "config", "mountPath": K8S_CONFIG_DIR, "readOnly": True},
-            {"name": "runs", "mountPath": K8S_RUNS_MOUNT},
-            {"name": "dshm", "mountPath": "/dev/shm"},  # DataLoader workers pass batches through shared memory
-        ],
+        "volumeMounts": mounts,
     }
     if not container["env"]:
         del container["env"]
     pod = {
         "terminationGracePeriodSeconds": TERM_GRACE_S,  # time to checkpoint between SIGTERM and SIGKILL
         "containers": [container],
-        "volumes": [
-            {"name": "config", "configMap": {"name": config_map}},
-            {"name": "runs", "persistentVolumeClaim": {"claimName": spec.pvc}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-        ],
+        "volumes": volumes,
     }
 
     def replicas(count: int) -> dict[str, Any]:
@@ -529,20 +545,32 @@ def render_k8s(spec: JobSpec) -> str:
             "maxRestarts": spec.max_restarts,
         }
     job_spec["pytorchReplicaSpecs"] = replica_specs
-    return _dump_yaml(
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": config_map},
-            "data": {CONFIG: _config_text(spec)},
-        },
-        {
-            "apiVersion": "kubeflow.org/v1",
-            "kind": "PyTorchJob",
-            "metadata": {"name": name},
-            "spec": job_spec,
-        },
-    )
+    # the operator's default, said outright: the SDK's model of the spec (and older operators) require a runPolicy
+    job_spec["runPolicy"] = {"cleanPodPolicy": "Running"}
+    return _dump_yaml(config_doc, {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+                                   "spec": job_spec})
+
+
+def _trainjob(spec: JobSpec, name: str, run_dir: str, resources: dict[str, Any], env: list[dict[str, str]],
+              mounts: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """A Kubeflow Trainer v2 TrainJob: numNodes pods of the runtime, our command in its `node` container."""
+    if spec.elastic:
+        _bad("min_nodes", "a TrainJob runs a fixed numNodes; drop --min-nodes/--max-nodes, or use --k8s-api pytorchjob")
+    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.nproc), str(spec.nodes),
+                          "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)", spec)  # fmt: skip
+    trainer: dict[str, Any] = {"image": spec.image, "command": command, "numNodes": spec.nodes,
+                               "numProcPerNode": spec.nproc, "resourcesPerNode": resources}
+    if env:
+        trainer["env"] = env
+    pod_patch = {
+        "terminationGracePeriodSeconds": TERM_GRACE_S,
+        "volumes": volumes,
+        "containers": [{"name": TRAINJOB_NODE, "volumeMounts": mounts}],
+    }
+    patch = {"manager": "trainforge", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": TRAINJOB_NODE, "template": {"spec": {"template": {"spec": pod_patch}}}}]}}}}
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": name},
+            "spec": {"runtimeRef": {"name": spec.k8s_runtime}, "trainer": trainer, "runtimePatches": [patch]}}
 
 
 # ------------------------------------------------------------------ skypilot
