@@ -112,6 +112,7 @@ class SlurmCluster:
         return self
 
     def start_controller(self) -> None:
+        (self.root / "slurmctld.pid").unlink(missing_ok=True)  # a stopped daemon's pid file: not the new one's
         self._daemon("slurmctld", [_exe("slurmctld"), "-f", str(self.conf)])
         self.pids["slurmctld"] = self._pid_file("slurmctld.pid")
         deadline = time.monotonic() + 30
@@ -125,6 +126,7 @@ class SlurmCluster:
         self._kill("slurmctld", signal.SIGTERM)
 
     def start_node(self, name: str) -> None:
+        (self.root / f"slurmd-{name}.pid").unlink(missing_ok=True)
         self._daemon(f"slurmd-{name}", [_exe("slurmd"), "-f", str(self.conf), "-N", name])
         self.pids[f"slurmd-{name}"] = self._pid_file(f"slurmd-{name}.pid")
 
@@ -217,6 +219,11 @@ class SlurmCluster:
             self._kill(key, signal.SIGTERM)
         self._kill("slurmctld", signal.SIGTERM)
         self._kill("munged", signal.SIGTERM)
+        for pid in _daemons_of(self.conf):  # any daemon of this cluster a restart left unrecorded
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         shutil.rmtree(self.root, ignore_errors=True)
 
 
@@ -242,3 +249,17 @@ def node_processes(name: str, conf: Path) -> list[int]:
             except OSError:
                 pass
     return sorted(stepds) + sorted(tasks - stepds)
+
+
+def _daemons_of(conf: Path) -> list[int]:
+    """slurmctld and slurmd processes started with `-f conf`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(conf).encode() in argv and any(a.endswith((b"slurmd", b"slurmctld")) for a in argv[:1]):
+                found.append(int(entry.name))
+    return found
