@@ -77,6 +77,9 @@ class SlurmCluster:
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
             "SchedulerType=sched/backfill", "ReturnToService=2",
+            # multifactor priority: every job gets 10000 from its partition, minus its nice (the job server's priority)
+            "PriorityType=priority/multifactor", "PriorityWeightPartition=10000", "PriorityWeightAge=0",
+            "PriorityWeightFairshare=0", "PriorityWeightJobSize=0", "PriorityWeightQOS=0",
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none", "MinJobAge=3600", f"KillWait={self.kill_wait_s}",
             "SlurmdTimeout=10", "SlurmctldTimeout=10", "MessageTimeout=5",

@@ -281,3 +281,21 @@ def test_slurm_jobs_survive_a_server_restart_and_none_is_submitted_twice(slurm_c
     finally:
         second.stop()
         second.store.close()
+
+
+def test_slurm_starts_a_higher_priority_job_first_though_it_came_later(slurm_service, slurm_cluster):
+    """Node tf1 (partition `one`) busy with a two-process job; then a priority-0 job, then a priority-50 one, each
+    too big to share the node. Slurm (multifactor priority) starts the later, higher-priority job first."""
+    svc = slurm_service(partition="one")
+    blocker = _submit(svc, 60, gpus=2)
+    _wait_state(svc, blocker.id, ("running",))
+    low = _submit(svc, 20, "name=low", gpus=2)
+    wait_for(lambda: svc.get(low.id).backend_id, 60, "the low-priority job handed to Slurm")
+    high = svc.submit(Submission(recipe="digits_cnn", overrides=(*with_steps(20), "name=high"), num_gpus=2, priority=50))
+    wait_for(lambda: svc.get(high.id).backend_id, 60, "the high-priority job handed to Slurm")
+    lo, hi = (slurm_cluster.job_fields(svc.get(j.id).backend_id) for j in (low, high))
+    assert (lo["Nice"], hi["Nice"]) == ("100", "50") and int(hi["Priority"]) > int(lo["Priority"])
+    ends = {j.id: _wait_state(svc, j.id, ("succeeded", "failed", "cancelled")) for j in (blocker, low, high)}
+    assert all(e.state == "succeeded" for e in ends.values()), [e.reason for e in ends.values()]
+    lo, hi = (slurm_cluster.job_fields(ends[j.id].backend_id) for j in (low, high))
+    assert hi["StartTime"] < lo["StartTime"], (hi["StartTime"], lo["StartTime"])

@@ -43,7 +43,10 @@ NOT_YET = ("k8s", "skypilot")  # named by the command's contract; no engine clie
 # interpreter, torch and the data. Measured on digits_cnn on the CPU: peak RSS 0.55-0.75 GiB a process; 1 GiB is
 # what the engine is asked for on top of the plan, so its scheduler never packs more processes than fit.
 PROCESS_BASE_BYTES = 2**30
-NICE_BASE = 1_000_000  # priority p -> sbatch --nice=NICE_BASE - p (>= 0): a higher priority starts first
+# priority p -> sbatch --nice=clamp(NICE_DEFAULT - p, 0, NICE_MAX): under Slurm's multifactor priority a higher
+# priority starts first (nice lowers a job's priority; only an operator may give a negative one). Small numbers: a
+# nice larger than the site's priorities would floor them all and leave only submission order.
+NICE_DEFAULT, NICE_MAX = 100, 10_000
 RDZV_PORT_BASE, RDZV_PORTS = 29500, 20000  # each job's rendezvous port on its head node: two jobs never share one
 JOB_SCRIPT = "job.sbatch"
 
@@ -82,6 +85,11 @@ def make_engine(name: str, *, slurm: SlurmSettings = SlurmSettings(),
     if warning:
         log.warning("%s", warning)
     return engine
+
+
+def nice_of(priority: int) -> int:
+    """Slurm's --nice for a job of this priority (trainforge priorities -9,900 .. 100 span nice 10,000 .. 0)."""
+    return min(max(NICE_DEFAULT - priority, 0), NICE_MAX)
 
 
 def engine_name_of(state_dir: Path, job_id: int, attempt: int) -> str:
@@ -223,7 +231,7 @@ class ClusterBackend:
         env = {**service.job_env(job), **private_cache_env(paths.tmp), "PYTHONUNBUFFERED": "1"}
         mem_mb = math.ceil(nproc * (job.memory_bytes + PROCESS_BASE_BYTES) / 2**20) if cpu else None
         return self.engine.submit(script, job_dir=paths.path, log=paths.log, name=name, mem_mb=mem_mb,
-                                  nice=NICE_BASE - job.priority, env=env)
+                                  nice=nice_of(job.priority), env=env)
 
     # ------------------------------------------------------------ cancel
 
