@@ -299,3 +299,35 @@ def test_slurm_starts_a_higher_priority_job_first_though_it_came_later(slurm_ser
     assert all(e.state == "succeeded" for e in ends.values()), [e.reason for e in ends.values()]
     lo, hi = (slurm_cluster.job_fields(ends[j.id].backend_id) for j in (low, high))
     assert hi["StartTime"] < lo["StartTime"], (hi["StartTime"], lo["StartTime"])
+
+
+def test_slurm_requeues_a_job_whose_node_dies_and_it_resumes_bit_identically(slurm_service, slurm_cluster):
+    """The node running a job dies (its slurmd and the job's processes SIGKILLed). Slurm marks it down and requeues the
+    job (the file's --requeue): the server shows it queued again under the same Slurm id, then running on the other
+    node, where it resumes from its newest checkpoint; its weights and eval equal an uninterrupted run's."""
+    svc = slurm_service()
+    steps = 200
+    job = _submit(svc, steps, "train.checkpoint_every_steps=4")
+    running = _wait_state(svc, job.id, ("running",))
+    (node,) = running.slots
+    wait_for(lambda: latest_checkpoint_step(Path(job.run_dir)) >= 8, 180, "a checkpoint at step 8 or later")
+    try:
+        slurm_cluster.kill_node(node)
+        wait_for(lambda: svc.get(job.id).state == "queued" or
+                 (svc.get(job.id).state == "running" and svc.get(job.id).slots != [node]), 120,
+                 "Slurm to requeue the job")
+        done = _wait_state(svc, job.id, ("succeeded", "failed", "cancelled"))
+    finally:
+        slurm_cluster.start_node(node)
+        slurm_cluster.wait_idle()
+    assert done.state == "succeeded", done.reason
+    assert done.backend_id == running.backend_id and done.attempt == 1 and done.restarts == 0  # Slurm's own requeue
+    assert done.slots != [node]
+    assert int(slurm_cluster.job_fields(done.backend_id)["Restarts"]) == 1
+    log = Path(done.log_path).read_text()
+    assert f"slurm requeued job {done.backend_id}" in log and "resumed at step" in log
+    reference = _submit(svc, steps, "train.checkpoint_every_steps=4", "name=reference")
+    ref = _wait_state(svc, reference.id, ("succeeded", "failed", "cancelled"))
+    assert ref.state == "succeeded", ref.reason
+    assert (Path(done.run_dir) / FINAL / WEIGHTS).read_bytes() == (Path(ref.run_dir) / FINAL / WEIGHTS).read_bytes()
+    assert json.loads((Path(done.run_dir) / "eval.json").read_text()) == json.loads((Path(ref.run_dir) / "eval.json").read_text())
