@@ -56,11 +56,12 @@ def mlflow_server(tmp_path_factory):
 def slurm_cluster():
     """A real Slurm cluster for the session (munged, slurmctld, two slurmd on localhost: nodes tf1 and tf2, 4 CPUs
     and 3000 MB each; partition `debug` holds both, `one` holds tf1 alone). Skips with one line where Slurm and
-    munge are not installed or this is not root."""
+    munge are not installed or this is not root. Each node also declares 2 GPUs as GRES (counted, no devices): Slurm
+    schedules GPU requests, and a job that gets one trains on the CPU."""
     why = slurm_missing()
     if why:
         pytest.skip(why)
-    cluster = SlurmCluster({"tf1": 3000, "tf2": 3000}, cpus=4,
+    cluster = SlurmCluster({"tf1": 3000, "tf2": 3000}, cpus=4, gpus=2,
                            partitions={"debug": ["tf1", "tf2"], "one": ["tf1"]}).start()
     try:
         yield cluster

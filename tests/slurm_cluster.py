@@ -2,7 +2,7 @@
 munge), all in a private folder, on free ports, talking through their own munge socket; nothing of the machine's
 own Slurm or munge configuration is read or changed.
 
-    cluster = SlurmCluster(nodes={"tf1": 3000, "tf2": 3000}, cpus=4).start()
+    cluster = SlurmCluster(nodes={"tf1": 3000, "tf2": 3000}, cpus=4, gpus=2).start()
     env = cluster.env                       # SLURM_CONF for sbatch, squeue, scancel ...
     cluster.stop_controller(); cluster.start_controller()
     cluster.kill_node("tf2")                # SIGKILL that node's slurmd (and the job steps it runs)
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -46,13 +47,14 @@ def _exe(name: str) -> str:
 
 class SlurmCluster:
     def __init__(self, nodes: Mapping[str, int], cpus: int = 4, partitions: Optional[Mapping[str, list[str]]] = None,
-                 kill_wait_s: int = 5) -> None:
+                 kill_wait_s: int = 5, gpus: int = 0) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="trainforge-slurm-"))
         os.chmod(self.root, 0o755)  # munged refuses a socket folder others may write; everyone may enter it
         self.nodes = dict(nodes)  # name -> RealMemory in MB
         self.cpus = cpus
         self.partitions = partitions or {"debug": list(self.nodes)}
         self.kill_wait_s = kill_wait_s
+        self.gpus = gpus  # GPUs each node declares as GRES (counted, no device files): Slurm schedules them
         self.ctld_port = free_port()
         self.node_ports = {name: free_port() for name in self.nodes}
         self.conf = self.root / "slurm.conf"
@@ -85,9 +87,15 @@ class SlurmCluster:
             "SlurmdTimeout=10", "SlurmctldTimeout=10", "MessageTimeout=5",
             "SlurmdParameters=config_overrides", "PlugStackConfig=/dev/null",
         ]
+        if self.gpus:  # device files Slurm accepts (character devices, /dev/null's numbers); nothing uses them
+            lines.append("GresTypes=gpu")
+            (self.root / "gpus").mkdir()
+            for i in range(self.gpus):
+                os.mknod(self.root / "gpus" / f"gpu{i}", stat.S_IFCHR | 0o666, os.makedev(1, 3))
+            (self.root / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={self.root}/gpus/gpu[0-{self.gpus - 1}]\n")
         for name, memory_mb in self.nodes.items():
             lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.node_ports[name]} "
-                         f"CPUs={self.cpus} RealMemory={memory_mb}")
+                         f"CPUs={self.cpus} RealMemory={memory_mb}" + (f" Gres=gpu:{self.gpus}" if self.gpus else ""))
         for i, (part, members) in enumerate(self.partitions.items()):
             lines.append(f"PartitionName={part} Nodes={','.join(members)} Default={'YES' if i == 0 else 'NO'} "
                          "MaxTime=INFINITE State=UP")

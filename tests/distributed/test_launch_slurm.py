@@ -33,9 +33,9 @@ def test_a_cpu_only_slurm_file_has_no_gpu_request_and_sbatch_test_only_accepts_i
     check = slurm_cluster.run("sbatch", "--test-only", str(tmp_path / "job.sbatch"))
     assert check.returncode == 0, check.stderr
     assert "to start at" in check.stderr and "partition debug" in check.stderr
-    # the same file with a GPU request is refused by this CPU-only cluster: the check is Slurm's, and it can say no
+    # the same file asking for more GPUs than a node has (2) is refused: the check is Slurm's, and it can say no
     gpu_file = tmp_path / "gpu.sbatch"
-    gpu_file.write_text(text.replace("#SBATCH --cpus-per-task=2", "#SBATCH --gpus-per-node=1\n#SBATCH --cpus-per-task=2"))
+    gpu_file.write_text(text.replace("#SBATCH --cpus-per-task=2", "#SBATCH --gpus-per-node=3\n#SBATCH --cpus-per-task=2"))
     refused = slurm_cluster.run("sbatch", "--test-only", str(gpu_file))
     assert refused.returncode != 0, refused.stderr
 

@@ -41,9 +41,17 @@ def test_auto_without_gpus_is_one_cpu_slot(monkeypatch):
     ("a,b", None, "expected auto, GPU indices"),
     ("5", None, "GPU 5 not found"),
     ("cpu:2", -1.0, "--slot-memory-gb"),
+    ("gpu:0", 80.0, "gpu:N with N >= 1"),
+    ("gpu:2", None, "--slot-memory-gb"),
 ])
 def test_bad_gpu_specs_name_the_flag(monkeypatch, spec, memory, message):
     monkeypatch.setattr(slots_mod, "detect_gpus", lambda: FAKE_GPUS)
     with pytest.raises(UserError, match=message) as e:
         parse_slots(spec, memory)
     assert str(e.value).startswith("--")
+
+
+def test_a_cluster_nodes_gpus_are_declared_not_detected(monkeypatch):
+    monkeypatch.setattr(slots_mod, "detect_gpus", lambda: {})  # none on this machine: the node's are described
+    slots = parse_slots("gpu:4", 80.0)
+    assert [(s.id, s.kind, s.index, s.memory_bytes) for s in slots] == [(str(i), "gpu", i, 80 * 2**30) for i in range(4)]

@@ -331,3 +331,26 @@ def test_slurm_requeues_a_job_whose_node_dies_and_it_resumes_bit_identically(slu
     assert ref.state == "succeeded", ref.reason
     assert (Path(done.run_dir) / FINAL / WEIGHTS).read_bytes() == (Path(ref.run_dir) / FINAL / WEIGHTS).read_bytes()
     assert json.loads((Path(done.run_dir) / "eval.json").read_text()) == json.loads((Path(ref.run_dir) / "eval.json").read_text())
+
+
+def test_slurm_gpu_jobs_ask_slurm_for_gres_gpus(slurm_cluster, tmp_path):
+    """`--gpus gpu:2 --slot-memory-gb 16`: the server describes a node's two GPUs (this machine has none). A two-GPU
+    job goes to Slurm with --gpus-per-node=2 (GRES), and Slurm gives it the node's two GPUs (the test cluster's GPUs
+    are device files; the job trains on the CPU); a three-GPU job is refused at submission, one line."""
+    engine = Slurm(SlurmSettings(partition="debug", cpus_per_process=1), env=slurm_cluster.env)
+    svc = make_service(tmp_path, "gpu:2", 16.0, engine=engine, engine_poll_s=0.3)
+    svc.start()
+    try:
+        job = _submit(svc, 12, gpus=2)
+        done = _wait_state(svc, job.id, ("succeeded", "failed", "cancelled"))
+        assert done.state == "succeeded", done.reason
+        fields = slurm_cluster.job_fields(done.backend_id)
+        assert fields["TresPerNode"] == "gres:gpu:2" and fields["NumCPUs"] == "2"
+        script = (Path(done.log_path).parent / "job.sbatch").read_text()
+        assert "#SBATCH --gpus-per-node=2" in script and "train.device=cpu" not in script
+        with pytest.raises(UserError) as refused:
+            _submit(svc, 12, gpus=3)
+        assert "asks for 3 GPUs" in str(refused.value) and "\n" not in str(refused.value)
+    finally:
+        svc.stop()
+        svc.store.close()

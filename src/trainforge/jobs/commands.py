@@ -80,7 +80,8 @@ def server(
     port: int = typer.Option(8765, "--port", help="Port to bind."),
     db: Optional[str] = typer.Option(None, "--db", help="SQLAlchemy URL (default: SQLite in --state-dir); "
                                      "e.g. postgresql+psycopg://user@host/db"),
-    gpus: str = typer.Option("auto", "--gpus", help="auto | GPU indices 0,1,... | cpu:N (N CPU slots)."),
+    gpus: str = typer.Option("auto", "--gpus", help="auto | GPU indices 0,1,... | cpu:N (N CPU slots) | gpu:N (with "
+                             "--backend slurm: a node's N GPUs, --slot-memory-gb each)."),
     slot_memory_gb: Optional[float] = typer.Option(None, "--slot-memory-gb", "--memory-gb",
                                                    help="Memory each slot offers, GiB (cpu:N slots; default: "
                                                         "available memory / N; GPUs: 90% of theirs)."),
@@ -149,6 +150,9 @@ def server(
         raise UserError("--admission-timeout-s / --admission-memory-gb: expected positive numbers")
     check_placement(placement)
     check_backend(backend)
+    if backend == "local" and gpus.strip().startswith("gpu:"):
+        raise UserError("--gpus gpu:N: the GPUs of a cluster node, for --backend slurm; this machine's GPUs are named "
+                        "by index (0,1,...) or auto")
     given = [f"--slurm-{n}" for n, v in (("partition", slurm_partition), ("account", slurm_account), ("qos", slurm_qos),
              ("time-limit", slurm_time_limit), ("cpus-per-process", slurm_cpus_per_process)) if v is not None]
     if given and backend != "slurm":

@@ -3,6 +3,7 @@
     parse_slots("auto")                       # every GPU nvidia-ml-py (pynvml) or torch.cuda sees; none: one CPU slot
     parse_slots("0,1")                        # GPUs 0 and 1 (their memory is detected)
     parse_slots("cpu:4", slot_memory_gb=4)    # four CPU slots of 4 GiB each (tests, CPU-only boxes)
+    parse_slots("gpu:8", slot_memory_gb=80)   # a cluster node's 8 GPUs of 80 GiB (--backend slurm; not this machine's)
     gpu_stats()                               # live utilization and memory per GPU index, or None without pynvml
 
 A GPU slot offers 90% of its memory to the scheduler (the planner's safety margin); a CPU slot offers
@@ -39,6 +40,14 @@ def parse_slots(spec: str, slot_memory_gb: Optional[float] = None) -> list[Slot]
     if slot_memory_gb is not None and slot_memory_gb <= 0:
         raise UserError(f"--slot-memory-gb: expected a positive number of GiB, got {slot_memory_gb}")
     declared = None if slot_memory_gb is None else int(slot_memory_gb * GiB)
+    if spec.startswith("gpu:"):  # a cluster node's GPUs (--backend slurm): not this machine's, so their memory is declared
+        count_text = spec[4:]
+        if not count_text.isdigit() or int(count_text) < 1:
+            raise UserError(f"--gpus: expected gpu:N with N >= 1 (e.g. gpu:8), got {spec!r}")
+        if declared is None:
+            raise UserError("--gpus gpu:N describes the GPUs of a cluster node, which this machine cannot measure; "
+                            "pass --slot-memory-gb (the memory of one of them, e.g. 80)")
+        return [Slot(str(i), "gpu", "gpu", declared, declared, i) for i in range(int(count_text))]
     if spec.startswith("cpu"):
         count_text = spec[3:].removeprefix(":") or "1"
         if not count_text.isdigit() or int(count_text) < 1:
