@@ -47,7 +47,6 @@ PROCESS_BASE_BYTES = 2**30
 # priority starts first (nice lowers a job's priority; only an operator may give a negative one). Small numbers: a
 # nice larger than the site's priorities would floor them all and leave only submission order.
 NICE_DEFAULT, NICE_MAX = 100, 10_000
-RDZV_PORT_BASE, RDZV_PORTS = 29500, 20000  # each job's rendezvous port on its head node: two jobs never share one
 JOB_SCRIPT = "job.sbatch"
 
 
@@ -223,8 +222,8 @@ class ClusterBackend:
                        gpus_per_node=0 if cpu else nproc, procs_per_node=nproc,
                        cpus_per_gpu=settings.cpus_per_process or (1 if cpu else 8),
                        partition=settings.partition, account=settings.account, qos=settings.qos,
-                       time_limit=settings.time_limit, max_restarts=0,
-                       port=RDZV_PORT_BASE + job.id % RDZV_PORTS, command=tuple(wrapper))
+                       time_limit=settings.time_limit, max_restarts=0,  # restarts are the server's
+                       command=tuple(wrapper))  # one node: torchrun's standalone rendezvous, on a free port
         script = paths.path / JOB_SCRIPT
         write_text_atomic(script, render(self.engine.name, spec), mode=0o700)
         paths.exit.unlink(missing_ok=True)

@@ -344,6 +344,18 @@ def _shell_command(words: list[str], head_words: int = 3) -> str:
     return " \\\n".join(lines)
 
 
+def _head_node_lines() -> list[str]:
+    """Shell lines that find the address of the allocation's first node, which hosts the rendezvous."""
+    return [
+        "",
+        '# the first node of the allocation hosts the rendezvous (sed, not head: no SIGPIPE under pipefail)',
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+        "# ... at the address Slurm reaches it by (NodeAddr: the node's name itself on most clusters)",
+        """head_addr=$(scontrol show node "$head_node" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | sed -n 1p)""",
+        'head_addr=${head_addr:-$head_node}',
+    ]
+
+
 def _cpu_env_lines(spec: JobSpec) -> list[str]:
     """A CPU-only job's environment: no GPU visible, and each process's threads matched to its CPUs."""
     if not spec.cpu_only:
@@ -388,6 +400,11 @@ def render_slurm(spec: JobSpec) -> str:
     ]
     train = _train_args('"$config_file"', '"$run_dir"', str(spec.nproc), shlex.quote(spec.nnodes),
                         f'"$head_addr:{spec.port}"', spec)  # fmt: skip
+    multi_node = spec.nodes > 1 or spec.elastic
+    if not multi_node:  # one node: torchrun's standalone rendezvous on a free port (two jobs may share a node)
+        for flag in ("--nnodes", "--rdzv-endpoint"):
+            at = train.index(flag)
+            del train[at:at + 2]
     # newer Slurm does not pass sbatch's --cpus-per-task on to srun
     srun = ["srun", *(["--no-kill"] if spec.elastic else []), "--ntasks-per-node=1", f"--cpus-per-task={cpus_per_task}",
             *train]
@@ -403,12 +420,7 @@ def render_slurm(spec: JobSpec) -> str:
         *_write_config_lines('"$config_file"', spec),
         *_cpu_env_lines(spec),
         *(f"export {key}={shlex.quote(value)}" for key, value in spec.env.items()),
-        "",
-        '# the first node of the allocation hosts the rendezvous (sed, not head: no SIGPIPE under pipefail)',
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
-        "# ... at the address Slurm reaches it by (NodeAddr: the node's name itself on most clusters)",
-        """head_addr=$(scontrol show node "$head_node" 2>/dev/null | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | sed -n 1p)""",
-        'head_addr=${head_addr:-$head_node}',
+        *(_head_node_lines() if multi_node else []),
         "",
         "# SIGTERM before the time limit (or a preemption): let every rank checkpoint, then requeue;",
         "# the next start continues from the checkpoint (--resume auto).",
