@@ -59,11 +59,18 @@ def _wait_state(svc, job_id: int, states: tuple[str, ...], timeout_s: float = JO
         return job if job.state in states else None
 
     try:
-        return wait_for(reached, timeout_s, f"job {job_id} to be {' or '.join(states)}", interval_s=0.2)
+        job = wait_for(reached, timeout_s, f"job {job_id} to be {' or '.join(states)}", interval_s=0.2)
     except AssertionError:
-        job = svc.get(job_id)
-        log = Path(job.log_path).read_text(errors="replace")[-4000:] if Path(job.log_path).exists() else ""
-        raise AssertionError(f"job {job_id} is {job.state} ({job.reason})\n{log}") from None
+        raise AssertionError(_story(svc, job_id)) from None
+    if job.state == "failed" and "failed" not in states[:1]:  # an unexpected failure: say why, with its log
+        raise AssertionError(_story(svc, job_id))
+    return job
+
+
+def _story(svc, job_id: int) -> str:
+    job = svc.get(job_id)
+    log = Path(job.log_path).read_text(errors="replace")[-6000:] if Path(job.log_path).exists() else ""
+    return f"job {job_id} is {job.state} ({job.reason})\n{log}"
 
 
 def test_slurm_runs_a_two_process_cpu_job_to_success(slurm_service, slurm_cluster):
