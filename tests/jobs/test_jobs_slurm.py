@@ -361,3 +361,35 @@ def test_slurm_gpu_jobs_ask_slurm_for_gres_gpus(slurm_cluster, tmp_path):
     finally:
         svc.stop()
         svc.store.close()
+
+
+def test_slurm_takes_over_a_local_servers_queue_with_its_history(slurm_cluster, tmp_path):
+    """Moving a team's queue from this machine to Slurm: a local server with one finished and one running job stops;
+    a Slurm server on the same state folder keeps the finished one as it was, stops the local process of the running
+    one and resumes it on Slurm (--resume auto), to the end."""
+    local = make_service(tmp_path, "cpu:2", 1.0)
+    local.start()
+    done_locally = _submit(local, 8)
+    assert _wait_state(local, done_locally.id, ("succeeded", "failed")).state == "succeeded"
+    moving = _submit(local, 400, "train.checkpoint_every_steps=4")
+    _wait_state(local, moving.id, ("running",))
+    wait_for(lambda: latest_checkpoint_step(Path(moving.run_dir)) >= 8, 120, "a checkpoint at step 8 or later")
+    local.stop()  # the local server goes; its job process keeps running until the new server takes over
+    local.store.close()
+
+    engine = Slurm(SlurmSettings(partition="debug"), env=slurm_cluster.env)
+    cluster = make_service(tmp_path, "cpu:2", 1.0, engine=engine, engine_poll_s=0.3)
+    cluster.start()
+    try:
+        assert runner.job_processes(Path(moving.run_dir)) == []  # stopped before Slurm starts it: one writer
+        done = _wait_state(cluster, moving.id, ("succeeded", "failed", "cancelled"))
+        assert done.state == "succeeded" and done.backend_id and done.restarts == 0
+        log = Path(done.log_path).read_text()
+        assert "resumes there with --resume auto" in log and "resumed at step" in log
+        kept = cluster.get(done_locally.id)
+        assert (kept.state, kept.backend_id, kept.attempt) == ("succeeded", None, 1)
+        assert cluster.view(kept)["backend"] == "local" and cluster.view(kept)["progress"]["step"] == 8
+        assert cluster.view(done)["backend"] == "slurm"
+    finally:
+        cluster.stop()
+        cluster.store.close()

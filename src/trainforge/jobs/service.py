@@ -149,6 +149,13 @@ class JobService:
     def backend_name(self) -> str:
         return "local" if self.cluster is None else self.cluster.engine.name
 
+    def backend_of(self, job: Job) -> str:
+        """Where the job runs or ran: a job that ended on this machine before the server moved to a cluster engine
+        (it ran, and no engine ever had it) stays `local`."""
+        if self.cluster is not None and job.backend_id is None and job.attempt > 0 and job.state in FINAL_STATES:
+            return "local"
+        return self.backend_name
+
     def paths(self, job_id: int) -> JobDir:
         return JobDir(self.state_dir / "jobs" / str(job_id))
 
@@ -175,7 +182,7 @@ class JobService:
             "overrides": list(job.overrides), "memory_bytes": job.memory_bytes, "reason": job.reason,
             "cancel_requested": job.cancel_requested, "submitted_at": job.submitted_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "pid": job.pid,
-            "progress": self._progress(job), "backend": self.backend_name, "backend_id": job.backend_id,
+            "progress": self._progress(job), "backend": self.backend_of(job), "backend_id": job.backend_id,
         }
         if detail:
             doc[CONFIG_TEXT] = job.config_yaml
