@@ -140,13 +140,16 @@ def test_slurm_queues_jobs_whose_planned_memory_does_not_fit_together(slurm_serv
     the process base): two of them need more than 3000 MB, but only 4 CPUs, so memory alone keeps the second waiting.
     Two one-process jobs, which fit together, run side by side on the same node."""
     svc = slurm_service(partition="one")
-    big = [_submit(svc, 40, gpus=2), _submit(svc, 40, "name=second", gpus=2)]
+    big = [_submit(svc, 150, gpus=2), _submit(svc, 40, "name=second", gpus=2)]
     need_mb = math.ceil(2 * (big[0].memory_bytes + PROCESS_BASE_BYTES) / 2**20)
     assert 3000 < 2 * need_mb and need_mb <= 3000
     running = _wait_state(svc, big[0].id, ("running",))
     second = wait_for(lambda: (j := svc.get(big[1].id)).backend_id and j, 60, "the second job handed to Slurm")
-    fields = slurm_cluster.job_fields(second.backend_id)
+    # Slurm's scheduler gives a pending job its reason when it next looks at it (Reason=None until then)
+    fields = wait_for(lambda: (f := slurm_cluster.job_fields(second.backend_id)).get("Reason") != "None" and f, 60,
+                      "Slurm to say why the second job waits")
     assert fields["JobState"] == "PENDING" and fields["Reason"] == "Resources", fields
+    assert slurm_cluster.job_fields(running.backend_id)["JobState"] == "RUNNING"  # it waits for the first one
     assert fields["MinMemoryNode"] == f"{need_mb}M"
     assert svc.get(big[1].id).state == "queued"
     wait_for(lambda: "Resources" in (svc.get(big[1].id).reason or ""), 30, "the server to show Slurm's reason")
