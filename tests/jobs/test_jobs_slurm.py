@@ -92,6 +92,8 @@ def test_slurm_runs_a_two_process_cpu_job_to_success(slurm_service, slurm_cluste
     assert view["progress"]["step"] == 20
     log = Path(done.log_path).read_text()
     assert f"submitted to slurm as job {done.backend_id}" in log and "run completed" in log
+    # the unfenced batch script writes the recipe into the job's folder, never into the run directory the job writes
+    assert (run.parent / "job-config.yaml").is_file() and not (run / "job-config.yaml").exists()
 
 
 def test_slurm_cancel_stops_a_running_job(slurm_service, slurm_cluster):

@@ -49,6 +49,7 @@ PROCESS_BASE_BYTES = 2**30
 # nice larger than the site's priorities would floor them all and leave only submission order.
 NICE_DEFAULT, NICE_MAX = 100, 10_000
 JOB_SCRIPT = "job.sbatch"
+JOB_CONFIG = "job-config.yaml"
 
 
 class Engine(Protocol):
@@ -224,7 +225,10 @@ class ClusterBackend:
                        cpus_per_gpu=settings.cpus_per_process or (1 if cpu else 8),
                        partition=settings.partition, account=settings.account, qos=settings.qos,
                        time_limit=settings.time_limit, max_restarts=0,  # restarts are the server's
-                       command=tuple(wrapper))  # one node: torchrun's standalone rendezvous, on a free port
+                       command=tuple(wrapper),  # one node: torchrun's standalone rendezvous, on a free port
+                       # written by the unfenced batch script: in the job's folder, never in the run directory the
+                       # trainer may write (a link it left there would be followed with the server's rights)
+                       config_file=str(paths.path / JOB_CONFIG))
         script = paths.path / JOB_SCRIPT
         write_text_atomic(script, render(self.engine.name, spec), mode=0o700)
         paths.exit.unlink(missing_ok=True)

@@ -161,7 +161,7 @@ def _with_comments(text: str, comments: list[str]) -> str:
 
 
 # JobSpec fields filled from the recipe or by the job server, not given as options
-INTERNAL_FIELDS = ("recipe_text", "pretrained", "command")
+INTERNAL_FIELDS = ("recipe_text", "pretrained", "command", "config_file")
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,9 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. {"NCCL_DEBUG": "INFO"}
     pretrained: tuple[Pretrained, ...] = ()  # what the nodes load besides the recipe (launch_text fills it)
     command: tuple[str, ...] = ("trainforge",)  # the words that start trainforge on a node (the job server names its python)
+    # slurm: where the batch script writes the recipe; None: $run_dir/job-config.yaml. The job server names a file in
+    # the job's folder, which the fenced trainer cannot write: a link it left in its run directory is never followed
+    config_file: Optional[str] = None
 
     def __post_init__(self) -> None:
         if not self.name.strip():
@@ -415,7 +418,7 @@ def render_slurm(spec: JobSpec) -> str:
         "set -euo pipefail",
         "",
         f"run_dir={shlex.quote(run_dir_for(spec))}",
-        'config_file="$run_dir/job-config.yaml"',
+        f"config_file={shlex.quote(spec.config_file)}" if spec.config_file else 'config_file="$run_dir/job-config.yaml"',
         'mkdir -p "$run_dir"',
         *_write_config_lines('"$config_file"', spec),
         *_cpu_env_lines(spec),
