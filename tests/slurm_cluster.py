@@ -172,6 +172,11 @@ class SlurmCluster:
         return subprocess.run([_exe(argv[0]), *argv[1:]], env=dict(env), capture_output=True, text=True,
                               timeout=timeout)
 
+    def run_as(self, user: str, *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+        """A Slurm command run by another Unix user (`add_user`), as that user would run it on this cluster."""
+        return subprocess.run(["runuser", "-u", user, "--", _exe(argv[0]), *argv[1:]], env=self.env,
+                              capture_output=True, text=True, timeout=timeout, cwd="/")
+
     def job_fields(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as KEY -> value (JobState, ExitCode, NodeList, ...); {} when Slurm does not know it."""
         out = self.run("scontrol", "show", "job", "-o", str(job_id))
@@ -236,6 +241,18 @@ class SlurmCluster:
             except ProcessLookupError:
                 pass
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def add_user(name: str = "tf-other") -> str:
+    """A second Unix user of this machine (made once, no home, no login): someone else on the same cluster."""
+    import pwd
+
+    try:
+        pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True,
+                       capture_output=True)
+    return name
 
 
 def node_processes(name: str, conf: Path) -> list[int]:

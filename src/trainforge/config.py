@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainforge.errors import HIDDEN_CATEGORIES, UserError, printable, quote
+from trainforge.files import Unreadable, read_regular
 
 DEFAULT_RECIPE = "digits_cnn"
 # Upper bounds on counts: far above any real run, low enough that every later product (steps x batch,
@@ -383,11 +384,14 @@ MAX_INT_CHARS = 100  # digits of a YAML integer: settings need at most ~20 (int(
 FORBIDDEN_IN_TEXT = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def read_yaml(path: Path, expected: str = RECIPE_MAPPING, *, allow_empty: bool = False) -> dict[str, Any]:
-    """A YAML file that must hold a mapping; every problem is one UserError naming the file (and line)."""
+def read_yaml(path: Path, expected: str = RECIPE_MAPPING, *, allow_empty: bool = False,
+              follow_links: bool = True) -> dict[str, Any]:
+    """A YAML file that must hold a mapping; every problem is one UserError naming the file (and line). A FIFO or a
+    device is refused at once, never waited on; `follow_links=False` for a file someone else wrote (a run dir)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_YAML_BYTES + 1)
+        data, _, _ = read_regular(Path(path), MAX_YAML_BYTES + 1, follow_links=follow_links)
+    except Unreadable as e:
+        raise UserError(f"{path}: {e}; pass a YAML file") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror}); check the path") from None
     if len(data) > MAX_YAML_BYTES:

@@ -130,3 +130,68 @@ def file_lock(path: Path, *, shared: bool = False, on_wait: Optional[Callable[[]
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+# ---------------------------------------------------------------- reading a file someone else controls
+
+
+class Unreadable(OSError):
+    """A file that is not a plain, readable regular file (a link, a FIFO, a device, a folder, too large); the
+    message says which, in words a dashboard can show."""
+
+
+def _kind(mode: int) -> str:
+    import stat
+
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISDIR, "a folder"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path, *, follow_links: bool = False) -> int:
+    """A read-only descriptor of `path`, which must be a regular file: opened without following a link (unless
+    `follow_links`: a user's own recipe may be one) and without blocking (a FIFO never holds the caller), then
+    checked with fstat on what was opened (no race with a rename). Unreadable naming why; FileNotFoundError when
+    there is none. The caller closes the descriptor."""
+    import stat
+
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: the last component is a symbolic link
+            raise Unreadable(f"{Path(path).name} is a link, not a regular file") from None
+        raise Unreadable(f"{Path(path).name} cannot be opened ({e.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise Unreadable(f"{Path(path).name} is {_kind(mode)}, not a regular file")
+    return fd
+
+
+def read_regular(path: Path, max_bytes: int, *, offset: int = 0, tail: bool = False,
+                 follow_links: bool = False) -> tuple[bytes, int, int]:
+    """Up to `max_bytes` of a regular file (see open_regular), from byte `offset`, or its last `max_bytes` with
+    `tail`: (data, the offset after it, the file's size when opened). Never more than `max_bytes` is read, whatever
+    the file claims or grows to while it is read."""
+    fd = open_regular(path, follow_links=follow_links)
+    try:
+        info = os.fstat(fd)
+        size = info.st_size
+        start = max(0, size - max_bytes) if tail else min(max(0, offset), size)
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks, left = [], max_bytes
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        return data, start + len(data), size
+    finally:
+        os.close(fd)

@@ -13,9 +13,10 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from trainforge.errors import UserError
+from trainforge.files import read_regular
 
 Series = tuple[list[float], list[float]]  # (steps, values), sorted by step
 
@@ -40,15 +41,22 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """All rows of a metrics.jsonl, in file order.
+def read_metrics(path: Path, max_bytes: Optional[int] = None) -> list[dict]:
+    """All rows of a metrics.jsonl, in file order; with `max_bytes`, the rows of its last `max_bytes` only, read as
+    a file someone else wrote (`files.read_regular`: no link followed, a FIFO or device refused with Unreadable).
 
     A truncated last line (crash mid-write) is ignored silently; a malformed line elsewhere is skipped
     with a warning, so a damaged log still yields its good rows.
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        if max_bytes is None:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        else:
+            data, _, size = read_regular(path, max_bytes, tail=True)
+            if len(data) < size:  # the first line read is the cut-off end of an older row
+                data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            text = data.decode("utf-8", errors="replace")
     except FileNotFoundError:
         raise UserError(f"{path}: metrics file not found; point at a run directory's metrics.jsonl") from None
     lines = text.split("\n")
@@ -58,7 +66,7 @@ def read_metrics(path: Path) -> list[dict]:
             continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a number beyond int's digit limit, nested without end
             row = None
         if isinstance(row, dict):
             rows.append(row)

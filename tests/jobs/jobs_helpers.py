@@ -4,13 +4,19 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
+import httpx
+
 from chromium import CHROMIUM_MISSING  # noqa: F401  (tests import it from here)
 from postgres_server import free_port  # noqa: F401  (tests import it from here)
+
+CLIENT = {"X-Trainforge-Client": "test"}
 
 
 # A digits run of a few seconds: checkpoints often so a kill loses little and a resume has something to use.
@@ -141,3 +147,52 @@ def kill_quietly(pid: int, sig: int = signal.SIGKILL) -> bool:
         return True
     except ProcessLookupError:
         return False
+
+
+class ServerProcess:
+    """`trainforge server` in a process of its own, its stdout and stderr in a log file; stopped by its pid."""
+
+    def __init__(self, tmp_path: Path, data_root: Path, *flags: str, gpus: str = "cpu:1",
+                 state: Optional[Path] = None) -> None:
+        self.log = tmp_path / f"server{'-'.join(flags)}.log"
+        self.state = state or tmp_path / f"state{'-'.join(flags)}"
+        self.url = f"http://127.0.0.1:{free_port()}"
+        port = self.url.rsplit(":", 1)[1]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainforge", "server", "--gpus", gpus, "--slot-memory-gb", "2", "--port", port,
+                 "--state-dir", str(self.state), "--data-root", str(data_root), "--unsandboxed-jobs", *flags],
+                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+
+    def __enter__(self) -> "ServerProcess":
+        def healthy() -> bool:
+            assert self.proc.poll() is None, self.log.read_text()[-3000:]
+            try:
+                return httpx.get(self.url + "/api/health", timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, 90, "the server to answer", 0.2)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self, timeout_s: float = 30) -> bool:
+        """SIGTERM, then SIGKILL after `timeout_s`: whether SIGTERM alone stopped it."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return False
+
+    def submit(self, recipe: str, *overrides: str) -> httpx.Response:
+        return httpx.post(self.url + "/api/jobs", json={"recipe": recipe, "overrides": list(overrides)}, headers=CLIENT,
+                          timeout=300)
+
+    def job_logs(self) -> list[Path]:
+        return sorted((self.state / "jobs").glob("*/log.txt"))

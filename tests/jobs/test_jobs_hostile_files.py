@@ -16,55 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jobs_helpers import free_port, landlock_missing, wait_for
+from jobs_helpers import CLIENT, ServerProcess as Server, landlock_missing, wait_for
 from hostile_files import RAN, WDS, hostile_index, hostile_model_files
 
-CLIENT = {"X-Trainforge-Client": "test"}
 QUICK = ["train.max_steps=2", "train.global_batch_size=4", "train.micro_batch_size=4", "train.eval_every_steps=2",
          "train.early_stopping=null", "schedule.warmup_steps=0", "data.num_workers=0", "log.progress=false",
          "log.tensorboard=false", "log.report=false"]
-
-
-class Server:
-    """`trainforge server` in a process of its own, its stdout and stderr in a log file; stopped by its pid."""
-
-    def __init__(self, tmp_path: Path, data_root: Path, *flags: str) -> None:
-        self.log = tmp_path / f"server{'-'.join(flags)}.log"
-        self.state = tmp_path / f"state{'-'.join(flags)}"
-        self.url = f"http://127.0.0.1:{free_port()}"
-        port = self.url.rsplit(":", 1)[1]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "trainforge", "server", "--gpus", "cpu:1", "--slot-memory-gb", "2", "--port", port,
-                 "--state-dir", str(self.state), "--data-root", str(data_root), "--unsandboxed-jobs", *flags],
-                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
-
-    def __enter__(self) -> "Server":
-        def healthy() -> bool:
-            assert self.proc.poll() is None, self.log.read_text()[-3000:]
-            try:
-                return httpx.get(self.url + "/api/health", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, 90, "the server to answer", 0.2)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def submit(self, recipe: str, *overrides: str) -> httpx.Response:
-        return httpx.post(self.url + "/api/jobs", json={"recipe": recipe, "overrides": list(overrides)}, headers=CLIENT,
-                          timeout=300)
-
-    def job_logs(self) -> list[Path]:
-        return sorted((self.state / "jobs").glob("*/log.txt"))
 
 
 def refused(r: httpx.Response, *words: str) -> str:

@@ -295,6 +295,50 @@ def test_slurm_jobs_survive_a_server_restart_and_none_is_submitted_twice(slurm_c
         second.store.close()
 
 
+def test_slurm_ignores_another_users_job_that_carries_our_jobs_name(slurm_cluster, tmp_path):
+    """Issue 50, High 1: job names are public (squeue) and anyone may use one. Another Unix user's job named exactly as
+    the server names its job 1 is running when the server (re)starts: the server neither follows nor cancels it; it
+    submits job 1 itself, which runs once, to success. A job of the server's own user with that name but without the
+    server's key in its comment is ignored the same way."""
+    from slurm_cluster import add_user
+
+    from trainforge.jobs.cluster import engine_name_of
+
+    engine = Slurm(SlurmSettings(partition="debug"), env=slurm_cluster.env)
+    first = make_service(tmp_path, "cpu:2", 1.0, engine=engine, engine_poll_s=0.3)  # not started: job 1 stays queued
+    job = first.submit(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
+    name = engine_name_of(first.state_dir, job.id, 1)
+    first.store.close()
+    other = add_user()
+    foreign = slurm_cluster.run_as(other, "sbatch", "--parsable", f"--job-name={name}", "--partition=debug",
+                                   "--output=/dev/null", "--chdir=/", "--mem=64M", "--comment=trainforge:0",
+                                   "--wrap", "sleep 600")
+    assert foreign.returncode == 0, foreign.stderr
+    ours_unkeyed = slurm_cluster.run("sbatch", "--parsable", f"--job-name={name}", "--partition=debug",
+                                     "--output=/dev/null", "--chdir=/", "--mem=64M", "--wrap", "sleep 600")
+    assert ours_unkeyed.returncode == 0, ours_unkeyed.stderr
+    decoys = [foreign.stdout.strip().split(";")[0], ours_unkeyed.stdout.strip().split(";")[0]]
+    wait_for(lambda: all(slurm_cluster.job_fields(d).get("JobState") == "RUNNING" for d in decoys), 60,
+             "the jobs named like ours to run")
+
+    second = make_service(tmp_path, "cpu:2", 1.0, engine=engine, engine_poll_s=0.3)
+    second.start()
+    try:
+        done = _wait_state(second, job.id, ("succeeded", "failed", "cancelled"))
+        assert done.state == "succeeded" and done.attempt == 1 and done.backend_id not in decoys
+        submitted = slurm_cluster.job_fields(done.backend_id)
+        assert submitted["JobName"] == name and submitted["UserId"].startswith("root(")
+        named = [line for line in slurm_cluster.run("scontrol", "show", "job", "-o").stdout.splitlines()
+                 if f"JobName={name} " in line]
+        assert len(named) == 3  # the two decoys and the one job the server submitted: it ran once
+        assert [slurm_cluster.job_fields(d)["JobState"] for d in decoys] == ["RUNNING", "RUNNING"]  # left alone
+    finally:
+        second.stop()
+        second.store.close()
+        for decoy in decoys:
+            slurm_cluster.run("scancel", decoy)
+
+
 def test_slurm_starts_a_higher_priority_job_first_though_it_came_later(slurm_service, slurm_cluster):
     """Node tf1 (partition `one`) busy with a two-process job; then a priority-0 job, then a priority-50 one, each
     too big to share the node. Slurm (multifactor priority) starts the later, higher-priority job first."""

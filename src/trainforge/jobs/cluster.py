@@ -16,19 +16,25 @@ the controller answers; the jobs the engine holds are followed again from where 
 
 A job a server restart finds in the table is followed by its engine id (`backend_id`); a job handed over just before
 a crash, before its id was written, is found again by its name in the engine (`trainforge-<server>-<job>-<attempt>`),
-so it is never submitted twice.
+so it is never submitted twice. A name is public (squeue shows it) and anyone may give one to a job, so a job is
+followed only when it belongs to the server's own Unix user (the engine reports no other) and carries, as its
+comment, an HMAC of its name under a key only the server holds (`<state>/engine.key`, 0600): a job another user or
+another server named like ours is ignored, and ours is submitted.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
+import os
+import secrets
 import math
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Protocol
 
 from trainforge.errors import UserError
-from trainforge.files import write_text_atomic
+from trainforge.files import read_regular, write_text_atomic
 from trainforge.jobs import runner
 from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slurm import EngineDown, EngineJob, EngineRefused, Slurm, SlurmSettings
@@ -50,6 +56,7 @@ PROCESS_BASE_BYTES = 2**30
 NICE_DEFAULT, NICE_MAX = 100, 10_000
 JOB_SCRIPT = "job.sbatch"
 JOB_CONFIG = "job-config.yaml"
+ENGINE_KEY = "engine.key"  # in the server's state folder: the HMAC key of its engine jobs' comments
 
 
 class Engine(Protocol):
@@ -58,7 +65,7 @@ class Engine(Protocol):
     def check(self) -> Optional[str]: ...
 
     def submit(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
-               env: Mapping[str, str]) -> str: ...
+               env: Mapping[str, str], comment: str = "") -> str: ...
 
     def poll(self) -> dict[str, EngineJob]: ...
 
@@ -93,6 +100,31 @@ def nice_of(priority: int) -> int:
     return min(max(NICE_DEFAULT - priority, 0), NICE_MAX)
 
 
+def engine_key(state_dir: Path) -> bytes:
+    """The server's secret for its engine jobs' comments: made once, private to the server's user, kept in its state
+    folder (which job processes cannot read)."""
+    path = Path(state_dir) / ENGINE_KEY
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        key = read_regular(path, 4096)[0].strip()
+        if len(key) < 32:
+            raise UserError(f"{path}: not a key this server wrote; remove it (jobs handed to the engine before a crash "
+                            "are then submitted again)") from None
+        return key
+    key = secrets.token_hex(32).encode()
+    with os.fdopen(fd, "wb") as f:
+        f.write(key + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return key
+
+
+def engine_comment(key: bytes, name: str) -> str:
+    """The comment a job of this server carries in the engine: an HMAC of its name, which only the key's holder makes."""
+    return "trainforge:" + hmac.new(key, name.encode(), hashlib.sha256).hexdigest()[:40]
+
+
 def engine_name_of(state_dir: Path, job_id: int, attempt: int) -> str:
     """The job's name in the engine: this server (its state folder) and the job's attempt, found again after a crash."""
     server = hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]
@@ -107,6 +139,7 @@ class ClusterBackend:
         self._next_poll = 0.0
         self._down: Optional[str] = None  # the controller's last error while it is down
         self._cancel_sent: set[str] = set()
+        self._key = engine_key(service.state_dir)
 
     @property
     def store(self):
@@ -134,7 +167,8 @@ class ClusterBackend:
             names: dict[str, str] = {}
             if held or self.store.queued():
                 states = self.engine.poll()
-                names = {ej.name: job_id for job_id, ej in states.items() if ej.name and ej.phase != "ended"}
+                names = {ej.name: job_id for job_id, ej in states.items() if ej.name and ej.phase != "ended"
+                         and hmac.compare_digest(ej.comment, engine_comment(self._key, ej.name))}
                 for job in held:
                     self._follow(job, states.get(job.backend_id))
             self._hand_over(names)
@@ -235,7 +269,7 @@ class ClusterBackend:
         env = {**service.job_env(job), **private_cache_env(paths.tmp), "PYTHONUNBUFFERED": "1"}
         mem_mb = math.ceil(nproc * (job.memory_bytes + PROCESS_BASE_BYTES) / 2**20) if cpu else None
         return self.engine.submit(script, job_dir=paths.path, log=paths.log, name=name, mem_mb=mem_mb,
-                                  nice=nice_of(job.priority), env=env)
+                                  nice=nice_of(job.priority), env=env, comment=engine_comment(self._key, name))
 
     # ------------------------------------------------------------ cancel
 

@@ -130,6 +130,7 @@ class Progress(BaseModel):
     total_steps: Optional[int]
     fraction: Optional[float]
     eta_s: Optional[float]
+    unreadable: Optional[str] = None  # why the job's metrics.jsonl is not read (a FIFO, a link, a device)
 
 
 class JobOut(BaseModel):
@@ -172,6 +173,7 @@ class MetricsOut(BaseModel):
     train: list[dict[str, Any]]
     val: list[dict[str, Any]]
     progress: Progress
+    unreadable: Optional[str] = None
 
 
 def create_app(service: JobService, *, token: Optional[str] = None, allowed_hosts: Optional[list[str]] = None,

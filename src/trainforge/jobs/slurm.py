@@ -60,6 +60,7 @@ class EngineJob:
     nodes: tuple[str, ...] = ()
     exit_code: Optional[int] = None  # ended: the batch script's exit status; -N when signal N ended it
     name: str = ""  # the job's name in the engine
+    comment: str = ""  # what the server wrote beside the name (its proof that the job is its own)
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,11 @@ def _is_down(text: str) -> bool:
 class Slurm:
     name = "slurm"
 
-    def __init__(self, settings: SlurmSettings = SlurmSettings(), env: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(self, settings: SlurmSettings = SlurmSettings(), env: Optional[Mapping[str, str]] = None,
+                 uid: Optional[int] = None) -> None:
         self.settings = settings
         self.env = dict(os.environ if env is None else env)
+        self.uid = os.getuid() if uid is None else uid  # the server's user: the only owner whose jobs it follows
 
     # ------------------------------------------------------------ commands
 
@@ -142,10 +145,10 @@ class Slurm:
         return None
 
     def submit(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
-               env: Mapping[str, str]) -> str:
+               env: Mapping[str, str], comment: str = "") -> str:
         """sbatch the job file; Slurm's job id. The log appends (a requeued or restarted job adds to it)."""
         argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--open-mode=append",
-                f"--chdir={job_dir}", f"--nice={max(0, nice)}"]
+                f"--chdir={job_dir}", f"--nice={max(0, nice)}", *([f"--comment={comment}"] if comment else [])]
         if mem_mb is not None:
             argv.append(f"--mem={mem_mb}M")
         out = self._run([*argv, str(script)], env=self.job_env(env))
@@ -160,7 +163,9 @@ class Slurm:
         return job_id
 
     def poll(self) -> dict[str, EngineJob]:
-        """Every job the controller still knows (pending, running, and ended within its MinJobAge), by id."""
+        """Every job of the server's user the controller still knows (pending, running, and ended within its
+        MinJobAge), by id. Another user's job is never reported, whatever its name: names are visible in squeue to
+        everyone, and anyone may give a job any name."""
         out = self._run(["scontrol", "show", "job", "-o"])
         if out.returncode != 0:
             line = _first_line(out.stderr or out.stdout)
@@ -170,7 +175,7 @@ class Slurm:
         jobs = {}
         for text in out.stdout.splitlines():
             fields = _fields(text)
-            if "JobId" in fields:
+            if "JobId" in fields and _uid(fields.get("UserId", "")) == self.uid:
                 jobs[fields["JobId"]] = _engine_job(fields)
         return jobs
 
@@ -194,6 +199,12 @@ def _fields(text: str) -> dict[str, str]:
     return fields
 
 
+def _uid(text: str) -> Optional[int]:
+    """UserId=name(1000) -> 1000; None when Slurm did not say."""
+    match = re.fullmatch(r"[^()]*\((\d+)\)", text)
+    return int(match.group(1)) if match else None
+
+
 def _exit_code(text: str) -> Optional[int]:
     """Slurm's ExitCode=RC:SIG as one number: -SIG when a signal ended it, else RC."""
     rc, _, sig = text.partition(":")
@@ -213,8 +224,9 @@ def _engine_job(fields: Mapping[str, str]) -> EngineJob:
     reason = fields.get("Reason", "None")
     reason = "" if reason == "None" else reason
     name, nodes = fields.get("JobName", ""), _nodes(fields.get("NodeList", ""))
+    comment = fields.get("Comment", "")
     if state in ENDED:
-        return EngineJob("ended", state, reason, nodes, _exit_code(fields.get("ExitCode", "")), name)
+        return EngineJob("ended", state, reason, nodes, _exit_code(fields.get("ExitCode", "")), name, comment)
     if state in RUNNING:
-        return EngineJob("running", state, reason, nodes, name=name)
-    return EngineJob("pending", state or "UNKNOWN", reason, name=name)
+        return EngineJob("running", state, reason, nodes, name=name, comment=comment)
+    return EngineJob("pending", state or "UNKNOWN", reason, name=name, comment=comment)

@@ -37,6 +37,7 @@ from typing import Any, Mapping, Optional
 
 from trainforge.config import read_yaml
 from trainforge.errors import UserError
+from trainforge.files import read_regular
 from trainforge.metrics_file import metric_series, read_metrics
 from trainforge.layout import CHECKPOINTS, CONFIG, EVAL, FINAL, LATEST, META, METRICS, TENSORBOARD, JobDir
 from trainforge.tasks import TASKS
@@ -48,6 +49,7 @@ MAX_COMPARED = 10  # runs one comparison takes (`runs compare`, the dashboard): 
 RUNNING_MIN_S = 120.0
 RUNNING_INTERVALS = 10
 MAX_JSON_BYTES = 64 << 20  # final/model.json holds the tokenizer of an LM: megabytes, not gigabytes
+MAX_METRICS_BYTES = 32 << 20  # of metrics.jsonl read, its newest rows (~150k; a longer run's older rows are left out)
 STATUSES = ("completed", "early_stopped", "failed", "running", "stopped", "incomplete")
 _TENSORBOARD_STAMP = re.compile(r"events\.out\.tfevents\.(\d+)\.")  # SummaryWriter's file name: its creation time
 
@@ -136,13 +138,13 @@ def load_run(run_dir: Path) -> RunFiles:
     if _regular(run_dir / CONFIG) is None:
         raise UserError(f"{run_dir}: not a run directory (no {CONFIG} file in it); pass a directory a training run "
                         "wrote")
-    config = read_yaml(run_dir / CONFIG)  # UserError naming the file when it is unreadable or not YAML
+    config = read_yaml(run_dir / CONFIG, follow_links=False)  # UserError naming the file: unreadable, not YAML
     rows: list[dict] = []
     if _regular(run_dir / METRICS) is not None:
         with warnings.catch_warnings():  # a damaged line is skipped; a listing shows the rows that are good
             warnings.simplefilter("ignore")
             try:
-                rows = read_metrics(run_dir / METRICS)
+                rows = read_metrics(run_dir / METRICS, max_bytes=MAX_METRICS_BYTES)
             except OSError:
                 rows = []
     return RunFiles(run_dir, config, rows, _read_json(run_dir / FINAL_META) or {}, _read_json(run_dir / EVAL))
@@ -283,12 +285,10 @@ def _mtime(path: Path) -> Optional[float]:
 
 
 def _read_json(path: Path) -> Optional[dict]:
-    st = _regular(path)
-    if st is None or st.st_size > MAX_JSON_BYTES:
-        return None
     try:
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        raw, _, size = read_regular(path, MAX_JSON_BYTES + 1)
+        data = json.loads(raw) if size <= MAX_JSON_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 

@@ -53,7 +53,9 @@ const tf = {
   final(state) { return state === "succeeded" || state === "failed" || state === "cancelled"; },
   progressCell(p) {
     const td = tf.el("td");
-    if (p.total_steps) {
+    if (p.unreadable) {
+      td.textContent = "unreadable: " + p.unreadable;
+    } else if (p.total_steps) {
       const bar = tf.el("span", { class: "bar" });
       const fill = tf.el("span");
       fill.style.width = Math.round(100 * (p.fraction || 0)) + "%";  // CSSOM: allowed by the page's CSP

@@ -31,7 +31,8 @@
       tfChart.draw(document.getElementById("chart-metric"), []);
     }
     const p = m.progress;
-    document.getElementById("job-progress").textContent = p.step + (p.total_steps ? "/" + p.total_steps : "");
+    document.getElementById("job-progress").textContent = p.unreadable ? "unreadable: " + p.unreadable
+      : p.step + (p.total_steps ? "/" + p.total_steps : "");
     const lastVal = m.val.length ? m.val[m.val.length - 1].step : null;
     if (lastVal !== null && lastVal !== shownPictureStep) await refreshPicture(lastVal);
   }
