@@ -29,14 +29,15 @@ def evil_code(marker: Path) -> str:
             "class EvilForCausalLM(LlamaForCausalLM):\n    config_class = EvilConfig\n")
 
 
-def save_remote_code_model(path: Path, marker: Path) -> Path:
-    """A tiny causal LM whose config names classes of its own code: transformers must run evil.py to load it."""
+def save_remote_code_model(path: Path, marker: Path, first: str = "") -> Path:
+    """A tiny causal LM whose config names classes of its own code: transformers must run evil.py to load it.
+    `first`: more code evil.py runs first (what a test wants the job's code to try)."""
     save_tiny_llama(path)
     config = json.loads((path / "config.json").read_text())
     config.update(model_type="evilllama", architectures=["EvilForCausalLM"],
                   auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilForCausalLM"})
     (path / "config.json").write_text(json.dumps(config))
-    (path / "evil.py").write_text(evil_code(marker))
+    (path / "evil.py").write_text(first + evil_code(marker))
     return path
 
 

@@ -167,7 +167,7 @@ def fenced_read(service, job, *, check: bool, fence: bool) -> dict:
         folder.mkdir(parents=True, exist_ok=True)
     out = subprocess.run([sys.executable, "-c", code], cwd=paths.path, capture_output=True, text=True, timeout=120,
                          env=runner.job_env(service.job_env(job), service.slots[:1], paths),
-                         preexec_fn=sandbox.preexec(service._policy(paths)) if fence else None)
+                         preexec_fn=sandbox.preexec(service.policy(paths)) if fence else None)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -217,7 +217,7 @@ def test_a_job_reuses_what_its_check_prepared_from_the_servers_cache_and_writes_
     cache = service.state_dir / "cache"
     prepared = sorted(p.name for p in (cache / "manifests").glob("*.json"))
     assert len(prepared) == 1  # the check scanned the folder once, into the server's cache
-    policy = service._policy(service.paths(job.id))
+    policy = service.policy(service.paths(job.id))
     assert str(cache) in policy.read and str(cache) not in policy.write
 
     def ended() -> bool:

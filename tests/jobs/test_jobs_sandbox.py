@@ -136,7 +136,7 @@ def test_the_wrapper_never_starts_the_trainer_without_its_fence(tmp_path):
 def test_jobs_run_inside_the_fence_the_server_writes_for_them(tmp_path):
     service = make_service(tmp_path, data_roots=[])
     paths = service.paths(7)
-    policy = service._policy(paths)
+    policy = service.policy(paths)
     assert str(paths.run) in policy.write and str(paths.tmp) in policy.write
     assert str(paths.path) in policy.read and str(paths.path) not in policy.write
     assert not any(str(service.state_dir) == p or p.startswith(str(service.state_dir / "jobs") + "/") and
@@ -210,3 +210,42 @@ def test_tracking_uri_allow_takes_plain_http_uris_and_matches_host_port_and_path
                 "http://127.0.0.1:5000/teamx", "http://127.0.0.1:5000/", "https://mlflow.corp#x",
                 "https://a@mlflow.corp", "https://mlflow.corp\\@evil.example", "http://127.0.0.1:notaport/team"):
         assert not uri_allowed(uri, allowed), uri
+
+
+def test_remote_code_on_slurm_needs_a_fence_for_the_daemons_ports():
+    """Issue 50, High 3: where the fence cannot deny TCP ports (unfenced jobs, Landlock before ABI 4), a Slurm server
+    refuses --allow-remote-code at start with one line; a local server, or a server without it, starts."""
+    from trainforge.jobs.sandbox import NET_ABI, remote_code_refusal
+
+    assert remote_code_refusal("slurm", True, True, NET_ABI) == ""
+    assert remote_code_refusal("slurm", False, False, 0) == ""
+    assert remote_code_refusal("local", True, False, 0) == ""
+    unfenced = remote_code_refusal("slurm", True, False, 7)
+    old_kernel = remote_code_refusal("slurm", True, True, NET_ABI - 1)
+    for line in (unfenced, old_kernel):
+        assert line.startswith("--allow-remote-code: ") and "slurmctld" in line and "\n" not in line
+    assert "--unsandboxed-jobs" in unfenced and f"ABI {NET_ABI - 1}" in old_kernel
+
+
+def test_a_fence_with_denied_tcp_ports_refuses_them_and_no_other(tmp_path):
+    """The port rule the Slurm backend adds: a connect to a denied port fails with EACCES, any other port connects."""
+    import socket
+    import subprocess
+    import sys
+
+    from trainforge.jobs import sandbox
+
+    if sandbox.landlock_abi() < sandbox.NET_ABI:
+        with pytest.raises(sandbox.SandboxError, match="TCP ports"):
+            sandbox._Landlock(sandbox.Policy(read=("/",), denied_tcp_ports=(1,))).build()
+        return
+    with socket.create_server(("127.0.0.1", 0)) as denied, socket.create_server(("127.0.0.1", 0)) as open_:
+        ports = denied.getsockname()[1], open_.getsockname()[1]
+        policy = sandbox.Policy(read=("/",), write=(str(tmp_path),), devices=("/dev",), denied_tcp_ports=ports[:1])
+        policy.save(tmp_path / "policy.json")
+        assert sandbox.Policy.load(tmp_path / "policy.json") == policy
+        code = ("import socket\nfor p in %r:\n    try:\n        socket.create_connection(('127.0.0.1', p), timeout=5)\n"
+                "        print(p, 'open')\n    except OSError as e:\n        print(p, e.errno)\n" % (ports,))
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             preexec_fn=sandbox.preexec(policy))
+    assert out.stdout.split("\n")[:2] == [f"{ports[0]} 13", f"{ports[1]} open"], out.stdout + out.stderr

@@ -339,6 +339,78 @@ def test_slurm_ignores_another_users_job_that_carries_our_jobs_name(slurm_cluste
             slurm_cluster.run("scancel", decoy)
 
 
+SLURM_PROBE = """import os, subprocess, tempfile
+_conf = os.path.join(tempfile.gettempdir(), "slurm.conf")
+with open(_conf, "w") as _f:  # the cluster's slurm.conf, as a job reads it from /etc/slurm on a real cluster
+    _f.write({conf!r})
+for _argv in (["sbatch", "--parsable", "--wrap", "true"], ["scancel", {victim!r}]):
+    try:
+        _r = subprocess.run(_argv, capture_output=True, text=True, timeout=60, env={{**os.environ, "SLURM_CONF": _conf}})
+        print("SLURM-PROBE", _argv[0], _r.returncode, (_r.stdout + _r.stderr).strip().replace(chr(10), " ")[:300])
+    except Exception as _e:
+        print("SLURM-PROBE", _argv[0], "error", _e)
+"""
+
+
+def _probe_lines(text: str) -> dict[str, str]:
+    return {line.split()[1]: line for line in text.splitlines() if line.startswith("SLURM-PROBE ")}
+
+
+def test_slurm_a_jobs_code_cannot_reach_the_controller(slurm_cluster, tmp_path):
+    """Issue 50, High 3: a job whose model folder ships code (an operator allowed remote code, the recipe opted in)
+    runs `sbatch --wrap true` and `scancel` on another job of the server's user, with the cluster's slurm.conf and
+    munge's socket in reach. Its fence denies the TCP ports of Slurm's daemons: both fail, no job is submitted,
+    the other job runs on. The same code outside the fence submits a job (the probe is real)."""
+    from hostile_files import RAN, save_remote_code_model
+    from tiny_models import corpus
+
+    from trainforge.jobs import sandbox
+
+    if sandbox.landlock_abi() < sandbox.NET_ABI:  # no fence for TCP ports here: the server refuses such jobs at start
+        line = _one_line(_server(tmp_path, "--backend", "slurm", "--allow-remote-code", env=slurm_cluster.env))
+        assert "--allow-remote-code" in line and "slurmctld" in line
+        return
+    victim = slurm_cluster.run("sbatch", "--parsable", "--partition=debug", "--mem=64M", "--output=/dev/null",
+                               "--chdir=/", "--wrap", "sleep 600").stdout.strip().split(";")[0]
+    probe = SLURM_PROBE.format(conf=slurm_cluster.conf.read_text(), victim=victim)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "docs.txt").write_text("\n".join(corpus(200)))
+    model = save_remote_code_model(data / "remote", tmp_path / "marker", first=probe)
+
+    def job_count() -> int:
+        return len(slurm_cluster.run("scontrol", "show", "job", "-o").stdout.splitlines())
+
+    before = job_count()
+    engine = Slurm(SlurmSettings(partition="debug"), env=slurm_cluster.env)
+    svc = make_service(tmp_path, "cpu:1", 2.0, engine=engine, engine_poll_s=0.3, data_roots=[data],
+                       allow_remote_code=True)
+    svc.start()
+    try:
+        job = svc.submit(Submission(recipe="causal_lm_finetune", overrides=(
+            f"data.path={data / 'docs.txt'}", f"model.args.pretrained={model}", "model.args.trust_remote_code=true",
+            "data.args.block_size=32", "data.val_fraction=0.1", "data.test_fraction=0.1", *with_steps(2))))
+        done = _wait_state(svc, job.id, ("succeeded", "failed"))
+        log = Path(done.log_path).read_text(errors="replace")
+        assert RAN in log, log[-3000:]
+        probes = _probe_lines(log)
+        assert set(probes) == {"sbatch", "scancel"}, log[-3000:]
+        for line in probes.values():
+            assert line.split()[2] not in ("0", "error"), line  # refused: the controller is out of reach
+        assert job_count() == before + 1  # the training job itself, nothing the probe submitted
+        assert slurm_cluster.job_fields(victim)["JobState"] == "RUNNING"
+    finally:
+        svc.stop()
+        svc.store.close()
+
+    unfenced = subprocess.run([sys.executable, "-c", probe.replace(f"[\"scancel\", {victim!r}]", "[\"true\"]")],
+                              capture_output=True, text=True, timeout=120, env=slurm_cluster.env)
+    submitted = _probe_lines(unfenced.stdout)["sbatch"]
+    assert submitted.split()[2] == "0", unfenced.stdout + unfenced.stderr
+    slurm_cluster.run("scancel", submitted.split()[3])
+    slurm_cluster.run("scancel", victim)
+
+
 def test_slurm_starts_a_higher_priority_job_first_though_it_came_later(slurm_service, slurm_cluster):
     """Node tf1 (partition `one`) busy with a two-process job; then a priority-0 job, then a priority-50 one, each
     too big to share the node. Slurm (multifactor priority) starts the later, higher-priority job first."""

@@ -26,10 +26,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import os
 import secrets
-import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Optional, Protocol
 
@@ -68,6 +69,8 @@ class Engine(Protocol):
                env: Mapping[str, str], comment: str = "") -> str: ...
 
     def poll(self) -> dict[str, EngineJob]: ...
+
+    def daemon_ports(self) -> tuple[int, ...]: ...
 
     def cancel(self, job_id: str) -> None: ...
 
@@ -140,10 +143,25 @@ class ClusterBackend:
         self._down: Optional[str] = None  # the controller's last error while it is down
         self._cancel_sent: set[str] = set()
         self._key = engine_key(service.state_dir)
+        self.daemon_ports: Optional[tuple[int, ...]] = None  # the engine's daemons' TCP ports, once it has answered
+        self._fence_checks()
 
     @property
     def store(self):
         return self.service.store
+
+    def _fence_checks(self) -> None:
+        """Ask the engine for its daemons' ports (until it has answered once) and keep the admission checks from
+        them: a check may run a model's own code, with the server's credentials."""
+        if self.daemon_ports is not None:
+            return
+        try:
+            self.daemon_ports = tuple(self.engine.daemon_ports())
+        except EngineDown:
+            pass
+        checker = self.service.checker
+        if checker.fence is not None:
+            checker.fence = replace(checker.fence, denied_tcp_ports=self.daemon_ports)
 
     # ------------------------------------------------------------ each poll
 
@@ -163,6 +181,7 @@ class ClusterBackend:
             return
         self._next_poll = now + self.poll_s
         try:
+            self._fence_checks()
             held = [j for j in self.store.list(["queued", "running"]) if j.backend_id]
             names: dict[str, str] = {}
             if held or self.store.queued():
@@ -263,6 +282,10 @@ class ClusterBackend:
                        # written by the unfenced batch script: in the job's folder, never in the run directory the
                        # trainer may write (a link it left there would be followed with the server's rights)
                        config_file=str(paths.path / JOB_CONFIG))
+        if service.sandboxed:  # the fence also keeps the job's code from the engine's daemons (sbatch, scancel)
+            self.daemon_ports = tuple(self.engine.daemon_ports())  # asked again: a node may have been added
+            fence = replace(service.policy(paths), denied_tcp_ports=self.daemon_ports)
+            fence.save(paths.sandbox)
         script = paths.path / JOB_SCRIPT
         write_text_atomic(script, render(self.engine.name, spec), mode=0o700)
         paths.exit.unlink(missing_ok=True)

@@ -166,6 +166,9 @@ def server(
     sandboxed = not unsandboxed_jobs or abi >= fence.MIN_ABI  # the flag only matters where there is no fence to put up
     if sandboxed and abi < fence.MIN_ABI:
         raise UserError(fence.unfenced_refusal(abi))
+    refusal = fence.remote_code_refusal(backend, allow_remote_code, sandboxed, abi)
+    if refusal:
+        raise UserError(refusal)
     try:
         with socket.create_server((host, port)):
             pass

@@ -18,8 +18,9 @@ helper and no user namespaces (which some distributions switch off), the paths s
 is inherited by torchrun's workers and DataLoader processes without any cooperation from them.
 
 What Landlock does not fence (docs/jobs.md, "Security model"): reading file metadata (stat) anywhere, connecting
-to TCP ports and to UNIX sockets that have a path, and file descriptors opened before the fence (the log file
-the server hands the job). MIN_ABI is 3 because before it `truncate(2)` on any path was not covered.
+to UNIX sockets that have a path, and file descriptors opened before the fence (the log file the server hands the
+job). TCP is open, except the ports in `policy.denied_tcp_ports` (from ABI 4, Linux 6.7): on the Slurm backend the
+controller's and the nodes' daemons, so a job's code cannot reach Slurm with the server's munge credential. MIN_ABI is 3 because before it `truncate(2)` on any path was not covered.
 
 The kernel interface is three system calls; they are called through ctypes here (see `_Landlock`) because the
 Python bindings on PyPI are development releases that do not negotiate the ABI (they ask for access rights an
@@ -50,6 +51,10 @@ REMOVE_DIR, REMOVE_FILE, MAKE_CHAR, MAKE_DIR, MAKE_REG = 1 << 4, 1 << 5, 1 << 6,
 MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM, REFER, TRUNCATE, IOCTL_DEV = (1 << 9, 1 << 10, 1 << 11, 1 << 12, 1 << 13,
                                                                          1 << 14, 1 << 15)
 SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+NET_CONNECT_TCP = 1 << 1
+_RULE_NET_PORT = 2
+NET_ABI = 4  # Linux 6.7: TCP bind/connect by port
+MAX_PORT = 65535
 _FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}  # rights each ABI knows
 _FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV  # the only rights a rule on a file may carry
 
@@ -73,6 +78,8 @@ class Policy:
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     devices: tuple[str, ...] = ()
+    denied_tcp_ports: tuple[int, ...] = ()  # TCP ports it may not connect to (any address); every other is open
+    deny_all_tcp: bool = False  # no TCP connect at all (a cluster's daemons whose ports are not known yet)
 
     def save(self, path: Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=1) + "\n")
@@ -80,7 +87,9 @@ class Policy:
     @classmethod
     def load(cls, path: Path) -> "Policy":
         doc = json.loads(Path(path).read_text())
-        return cls(**{k: tuple(str(p) for p in doc.get(k, ())) for k in ("read", "write", "devices")})
+        return cls(**{k: tuple(str(p) for p in doc.get(k, ())) for k in ("read", "write", "devices")},
+                   denied_tcp_ports=tuple(int(p) for p in doc.get("denied_tcp_ports", ())),
+                   deny_all_tcp=bool(doc.get("deny_all_tcp", False)))
 
 
 def landlock_abi() -> int:
@@ -114,11 +123,13 @@ def job_policy(*, run_dir: Path, tmp_dir: Path, job_dir: Path, data_roots: Seque
 
 
 def check_policy(*, tmp_dir: Path, data_roots: Sequence[Path], caches: Sequence[Path],
-                 prepared: Optional[Path] = None) -> Policy:
+                 prepared: Optional[Path] = None, denied_tcp_ports: tuple[int, ...] = (),
+                 deny_all_tcp: bool = False) -> Policy:
     """The size check's fence: it reads what the job would read, and writes only its own temp directory and the
     server's cache of prepared data (`prepared`: manifests and token shards, which the jobs then only read)."""
     return Policy(read=(*SYSTEM_READ, *python_paths(), *_link_targets(), *map(str, data_roots), *map(str, caches)),
-                  write=(*SYSTEM_WRITE, str(tmp_dir), *([str(prepared)] if prepared else [])), devices=SYSTEM_DEVICES)
+                  write=(*SYSTEM_WRITE, str(tmp_dir), *([str(prepared)] if prepared else [])), devices=SYSTEM_DEVICES,
+                  denied_tcp_ports=tuple(denied_tcp_ports), deny_all_tcp=deny_all_tcp)
 
 
 def _link_targets() -> tuple[str, ...]:
@@ -140,6 +151,10 @@ class _RulesetAttr(ctypes.Structure):
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1  # __attribute__((packed)) in the kernel's header
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+class _NetPortAttr(ctypes.Structure):
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
 
 @dataclass
@@ -164,13 +179,28 @@ class _Landlock:
             pass
         handled = _FS_BY_ABI[max(k for k in _FS_BY_ABI if k <= self.abi)]
         scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL if self.abi >= SIGNAL_SCOPE_ABI else 0
-        attr = _RulesetAttr(handled, 0, scoped)  # an older kernel takes the larger struct: its new fields are 0
+        denied = set(self.policy.denied_tcp_ports)
+        fenced = bool(denied) or self.policy.deny_all_tcp
+        if fenced and self.abi < NET_ABI:
+            raise SandboxError(f"this kernel ({os.uname().release}) has Landlock ABI {self.abi}; keeping a job from "
+                               f"TCP ports needs ABI {NET_ABI} (Linux 6.7+)")
+        net = NET_CONNECT_TCP if fenced else 0
+        attr = _RulesetAttr(handled, net, scoped)  # an older kernel takes the larger struct: its new fields are 0
         self.fd = libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), ctypes.c_uint32(0))
         if self.fd < 0:
             raise SandboxError(f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
         for paths, rights in ((self.policy.read, READ), (self.policy.write, WRITE), (self.policy.devices, DEVICES)):
             for path in paths:
                 self._allow(libc, add_rule, path, rights & handled)
+        if denied and not self.policy.deny_all_tcp:  # Landlock allows by rule only: every port but these gets one
+            port_attr = _NetPortAttr(NET_CONNECT_TCP, 0)
+            for port in range(MAX_PORT + 1):
+                if port in denied:
+                    continue
+                port_attr.port = port
+                if libc.syscall(add_rule, ctypes.c_int(self.fd), ctypes.c_int(_RULE_NET_PORT), ctypes.byref(port_attr),
+                                ctypes.c_uint32(0)) != 0:
+                    raise SandboxError(f"landlock_add_rule(port {port}) failed: {os.strerror(ctypes.get_errno())}")
         return self
 
     def _allow(self, libc: ctypes.CDLL, add_rule: int, path: str, rights: int) -> None:
@@ -239,6 +269,18 @@ def unfenced_refusal(abi: int) -> str:
     return (f"{UNSANDBOXED_FLAG}: {unavailable_reason(abi)}, so a job could write anywhere this user can; run the "
             f"server on such a kernel, or pass {UNSANDBOXED_FLAG} to run jobs unfenced (only where every submitter "
             "is trusted)")
+
+
+def remote_code_refusal(backend: str, allow_remote_code: bool, sandboxed: bool, abi: int) -> str:
+    """Why a server will not start with --allow-remote-code ("" when it may): on a cluster backend, a job's code
+    could reach the engine's controller with the server's own credential unless the fence denies its ports."""
+    if backend == "local" or not allow_remote_code or (sandboxed and abi >= NET_ABI):
+        return ""
+    why = (f"jobs run unfenced ({UNSANDBOXED_FLAG})" if not sandboxed else
+           f"the fence keeps a job from Slurm's ports from Landlock ABI {NET_ABI} (Linux 6.7) on, this kernel has ABI {abi}")
+    return (f"--allow-remote-code: on the {backend} backend a job's own code could reach slurmctld with this server's "
+            f"munge credential (sbatch, scancel as this user): {why}; drop --allow-remote-code, or run the server on "
+            "a newer kernel")
 
 
 def restrict(policy: Policy) -> None:

@@ -421,7 +421,7 @@ class JobService:
         for folder in (paths.run, paths.tmp):  # they must exist for the fence to let the job write them
             private_dir(folder)
         if self.sandboxed:
-            self._policy(paths).save(paths.sandbox)
+            self.policy(paths).save(paths.sandbox)
         return paths
 
     def _launch(self, job: Job) -> None:
@@ -442,7 +442,7 @@ class JobService:
         self.store.set_process(job.id, popen.pid, runner.start_ticks(popen.pid))
         log.info("job %d attempt %d started on %s (pid %d)", job.id, job.attempt, ",".join(job.slots), popen.pid)
 
-    def _policy(self, paths: JobDir) -> sandbox.Policy:
+    def policy(self, paths: JobDir) -> sandbox.Policy:
         """The job's fence: it writes its run directory and temp folder, reads its folder, the roots and caches."""
         return sandbox.job_policy(run_dir=paths.run, tmp_dir=paths.tmp, job_dir=paths.path,
                                   data_roots=self.data_roots, caches=[Path(c) for c in self.caches.values()],

@@ -139,6 +139,9 @@ class Fence:
     data_roots: tuple[Path, ...]
     caches: tuple[Path, ...]
     prepared: Optional[Path]
+    # on a cluster backend: the engine's daemons' ports, which a model's own code must not reach (None: not known
+    # yet, so no TCP at all); () on the local backend
+    denied_tcp_ports: Optional[tuple[int, ...]] = ()
 
 
 class SizeChecker:
@@ -239,7 +242,9 @@ def _size_and_send(conn: Any, workdir: str, cfg_yaml: str, num_gpus: int, slots:
         tempfile.tempdir = workdir  # the fork server may have looked it up already
         if fence is not None:  # the job's fence, read-only but for workdir and the cache of prepared data
             sandbox.restrict(sandbox.check_policy(tmp_dir=Path(workdir), data_roots=fence.data_roots,
-                                                  caches=fence.caches, prepared=fence.prepared))
+                                                  caches=fence.caches, prepared=fence.prepared,
+                                                  denied_tcp_ports=fence.denied_tcp_ports or (),
+                                                  deny_all_tcp=fence.denied_tcp_ports is None))
         _cap_memory(memory_bytes)
         result: tuple[str, Any] = ("ok", size_submission(config_from_yaml_text(cfg_yaml), num_gpus, slots))
     except UserError as e:

@@ -179,6 +179,22 @@ class Slurm:
                 jobs[fields["JobId"]] = _engine_job(fields)
         return jobs
 
+    def daemon_ports(self) -> tuple[int, ...]:
+        """The TCP ports of Slurm's daemons: slurmctld's (a range when it has several), slurmd's default and each
+        node's own, slurmdbd's. A job's fence denies them (its code could otherwise reach the controller with the
+        server's munge credential: sbatch, scancel). EngineDown when the controller does not answer."""
+        ports: set[int] = set()
+        for argv in (["scontrol", "show", "config"], ["scontrol", "show", "node", "-o"]):
+            out = self._run(argv)
+            if out.returncode != 0:
+                raise EngineDown(_first_line(out.stderr or out.stdout))
+            for key, value in re.findall(r"\b(SlurmctldPort|SlurmdPort|AccountingStoragePort|Port)\s*=\s*(\d+(?:-\d+)?)",
+                                         out.stdout):
+                low, _, high = value.partition("-")
+                ports.update(range(int(low), int(high or low) + 1))
+        ports.discard(0)  # AccountingStoragePort = 0: no slurmdbd
+        return tuple(sorted(ports))
+
     def cancel(self, job_id: str) -> None:
         """scancel: Slurm sends SIGTERM to the job's processes (each rank checkpoints), SIGKILL after KillWait."""
         out = self._run(["scancel", job_id])
