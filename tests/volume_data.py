@@ -116,3 +116,29 @@ def write_lesions(root: Path, patients: int, size: int, seed: int) -> Path:
             rows.append(f"p{p}/ct{k}.nii.gz,p{p}/ct{k}_mask.nii.gz,P{p}")
     (root / "index.csv").write_text("\n".join(rows) + "\n")
     return root / "index.csv"
+
+
+def write_header_only_nifti(path: Path, shape: tuple[int, ...], zooms: tuple[float, ...], dtype: str = "int16") -> Path:
+    """A .nii.gz whose header claims `shape` voxels of `zooms` mm but that holds no voxel data (tens of bytes):
+    a reader that trusts the header allocates (and zero-fills) the whole array."""
+    import gzip
+
+    import nibabel as nib
+
+    header = nib.Nifti1Header()
+    header.set_data_dtype(np.dtype(dtype))
+    header.set_data_shape(shape)
+    header.set_zooms(zooms)
+    header.set_qform(np.diag([*zooms[:3], 1.0]), code=1)
+    header.set_sform(np.diag([*zooms[:3], 1.0]), code=1)
+    header["vox_offset"] = 352
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(header.binaryblock + b"\0" * 4))
+    return path
+
+
+def nibabel_example_4d() -> Path:
+    """nibabel's shipped 128 x 96 x 24 x 2 time series (a real 4-D NIfTI, as a new user would try it)."""
+    import nibabel
+
+    return Path(nibabel.__file__).parent / "tests" / "data" / "example4d.nii.gz"

@@ -104,6 +104,9 @@ class DataConfig(Section):
     # every sample of a group lands in one split (no patient in train and test)
     group_by: Optional[str] = Field(None, min_length=1, max_length=200)
     num_workers: Union[int, Literal["auto"]] = "auto"
+    # an index (.csv, .jsonl, .parquet) is read in batches within these bounds, checked before memory is spent
+    max_index_rows: int = Field(2_000_000, ge=1, le=10**10)
+    max_field_bytes: int = Field(1 << 20, ge=1024, le=1 << 31)  # one CSV field, one JSONL line, one Parquet value
 
     @field_validator("num_workers")
     @classmethod

@@ -76,8 +76,10 @@ def write_text_atomic(path: Path, text: Union[str, bytes], mode: int = 0o666) ->
         raise TypeError(f"write_text_atomic writes str or bytes, not {type(text).__name__}")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        how = "wb" if isinstance(text, bytes) else "w"
-        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), how) as f:
+        # text: UTF-8, a lone surrogate (a name from a file, a user) written as its escape, never an error
+        how = {"mode": "wb"} if isinstance(text, bytes) else {"mode": "w", "encoding": "utf-8",
+                                                               "errors": "backslashreplace"}
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), **how) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -12,7 +12,8 @@ import torch
 import pytest
 
 from tests.data.data_helpers import data_cfg
-from tests.volume_data import shape_volume, write_dicom_series, write_nifti
+from tests.volume_data import (nibabel_example_4d, shape_volume, write_dicom_series, write_header_only_nifti,
+                               write_nifti)
 from trainforge.data import build_data
 from trainforge.errors import UserError
 
@@ -122,6 +123,11 @@ def plant_defects(root: Path, rng) -> list[tuple[str, str, str]]:
     header[252:256] = struct.pack("<2h", 0, 0)  # qform_code, sform_code
     (root / "flat.nii").write_bytes(bytes(header))
     rows.append(("flat.nii", "cube", "P9"))
+    # a 65-byte file whose header claims 2048 x 2048 x 512 int16 (4 GiB), and a real 4-D NIfTI (a time series)
+    write_header_only_nifti(root / "claims.nii.gz", (2048, 2048, 512), (1.0, 1.0, 1.0))
+    rows.append(("claims.nii.gz", "cube", "P13"))
+    shutil.copy(nibabel_example_4d(), root / "example4d.nii.gz")
+    rows.append(("example4d.nii.gz", "sphere", "P14"))
     # no label; a missing file
     write_nifti(root / "nolabel.nii.gz", shape_volume("cube", rng, size=12), SPACING)
     rows.append(("nolabel.nii.gz", "", "P10"))
@@ -139,20 +145,51 @@ def test_every_cleaning_reason_is_counted_exactly_and_the_second_build_decodes_n
     cfg = volumes_cfg(index, size=[12, 12, 12], window="soft_tissue", val_fraction=0.2, test_fraction=0.2)
     bundle = build_data(cfg, seed=0)
     report = bundle.report
-    assert report["dropped"] == {"unreadable": 3, "bad_slices": 1, "no_geometry": 1, "duplicate_series": 1,
-                                 "duplicate": 1, "missing_label": 1}
+    assert report["dropped"] == {"unreadable": 3, "bad_slices": 1, "no_geometry": 1, "not_3d": 1, "too_large": 1,
+                                 "duplicate_series": 1, "duplicate": 1, "missing_label": 1}
+    assert report["dropped_examples"]["too_large"] == ["claims.nii.gz"]
+    assert report["dropped_examples"]["not_3d"] == ["example4d.nii.gz"]
     assert sorted(report["dropped_examples"]["unreadable"]) == ["cut.nii.gz", "missing.nii.gz", "photo.nii"]
     assert report["dropped_examples"]["bad_slices"] == ["series_gap"]
     assert report["dropped_examples"]["duplicate_series"] == ["series_again"]
     assert report["rows_kept"] == 5
-    assert report["volume_cache"]["decoded"] == 11 and report["volume_cache"]["cached"] == 0  # all but 2 read
+    assert report["volume_cache"]["decoded"] == 13 and report["volume_cache"]["cached"] == 0  # all but 2 read
     from trainforge.data.summary import summarize  # the line the console shows
 
-    assert ("dropped 8 (unreadable 3, bad_slices 1, no_geometry 1, duplicate_series 1, duplicate 1, missing_label 1)"
-            in summarize(report).line)
+    assert ("dropped 10 (unreadable 3, bad_slices 1, no_geometry 1, not_3d 1, too_large 1, duplicate_series 1, "
+            "duplicate 1, missing_label 1)" in summarize(report).line)
     again = build_data(cfg, seed=0).report
-    assert again["volume_cache"]["decoded"] == 0 and again["volume_cache"]["cached"] == 11
+    assert again["volume_cache"]["decoded"] == 0 and again["volume_cache"]["cached"] == 13
     assert again["dropped"] == report["dropped"]
+
+
+def test_a_tiny_volume_of_huge_spacing_is_dropped_before_resampling_allocates(tmp_path):
+    """Issue 50, Medium 5: an 8-voxel-wide NIfTI and a DICOM series, both at 100 mm a voxel, would become 800^3
+    voxels resampled to 1 mm (2 GiB as float32): each is dropped as too_large from its header, before MONAI
+    allocates anything. The bound is data.args.max_volume_voxels: raised, the same files are read."""
+    import resource
+
+    rng = np.random.default_rng(4)
+    root = tmp_path / "data"
+    rows = []
+    for k in range(6):
+        write_nifti(root / f"good{k}.nii.gz", shape_volume(("sphere", "cube")[k % 2], rng, size=8), (2.0, 2.0, 2.0))
+        rows.append((f"good{k}.nii.gz", ("sphere", "cube")[k % 2], f"P{k}"))
+    write_nifti(root / "coarse.nii.gz", shape_volume("cube", rng, size=8), (100.0, 100.0, 100.0))
+    rows.append(("coarse.nii.gz", "cube", "P6"))
+    write_dicom_series(root / "coarse_series", shape_volume("cube", rng, size=8), (100.0, 100.0, 100.0),
+                       patient_id="P7")
+    rows.append(("coarse_series", "cube", "P7"))
+    index = write_index(root, rows)
+    before_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    report = build_data(volumes_cfg(index, size=[8, 8, 8], spacing=[1.0, 1.0, 1.0]), seed=0).report
+    assert report["dropped"]["too_large"] == 2
+    assert sorted(report["dropped_examples"]["too_large"]) == ["coarse.nii.gz", "coarse_series"]
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_kib < 512 * 1024  # not the 2 GiB of a resample
+    coarse = build_data(volumes_cfg(index, size=[8, 8, 8], spacing=[50.0, 50.0, 50.0]), seed=0).report
+    assert coarse["dropped"].get("too_large", 0) == 0 and coarse["rows_kept"] == 8  # 16^3 voxels: within the bound
+    with pytest.raises(UserError, match="max_volume_voxels"):
+        build_data(volumes_cfg(index, size=[8, 8, 8], max_volume_voxels=0), seed=0)
 
 
 def test_a_patient_split_of_volumes_keeps_each_patient_in_one_split(tmp_path):

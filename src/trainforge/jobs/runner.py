@@ -218,7 +218,10 @@ class Outcome:
 def judge(returncode: Optional[int], *, complete: bool, cancel_requested: bool, restarts: int, max_restarts: int,
           last_line: str) -> Outcome:
     """What an ended attempt means: done, cancelled, restarted (with --resume auto) or failed for good."""
-    if complete:  # the final model and eval.json exist: the work is done however the process ended
+    if complete and returncode == EXIT_BAD_INPUT:  # the model and eval.json are there, but the run said it failed
+        detail = f"{describe_exit(returncode)}; last log line: {last_line}" if last_line else describe_exit(returncode)
+        return Outcome("failed", f"{detail} (after writing its final model and eval.json: not retried)")
+    if complete:  # the final model and eval.json exist: the work is done however the process ended (a kill after)
         return Outcome("succeeded", None if not cancel_requested else "finished before the cancel took effect")
     if cancel_requested:
         return Outcome("cancelled", "cancelled by the user")

@@ -48,10 +48,10 @@ from trainforge.engine.progress import TrainProgress, announce_line
 from trainforge.engine.rng import get_rng_state, seed_everything
 from trainforge.engine.schedule import lr_at
 from trainforge.engine.signals import StopFlag
-from trainforge.errors import JobFailed
+from trainforge.errors import JobFailed, UserError
 from trainforge.files import write_text_atomic
 from trainforge.hardware.device import empty_cache, is_oom, reset_peak_memory
-from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, SAMPLES, TENSORBOARD, VAL_IMAGES
+from trainforge.layout import CHECKPOINTS, DATA_REPORT, EVAL, METRICS, REPORT, SAMPLES, TENSORBOARD, VAL_IMAGES
 from trainforge.models.lora import base_reference
 from trainforge.training.artifacts import info_to_dict, save_final_model
 from trainforge.training.evaluate import evaluate_model
@@ -388,7 +388,11 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
     if setup.loop.report:
         from trainforge.report import write_report  # heavy (matplotlib, about 0.4 s): only a run that writes its report
 
-        write_report(run_dir)
+        try:
+            write_report(run_dir)
+        except Exception as e:  # the run's last promise: a run whose report cannot be written has failed (exit 2)
+            raise UserError(f"{run_dir / REPORT}: cannot be written ({type(e).__name__}: {str(e)[:200]}); the final "
+                            f"model and eval.json are kept; `trainforge runs report {run_dir}` writes it again") from None
 
 
 def grad_norm_and_clip(model: nn.Module, max_norm: Optional[float], measure: bool) -> Optional[float]:

@@ -37,7 +37,7 @@ from trainforge.data.formats.manifest import OK, read_files
 from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
 from trainforge.data.sources.common import SourceArgs
 from trainforge.data.stages.augment import BoxAugment
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 from trainforge.hardware.cpus import available_cpus
 
 BACKGROUND = "__background__"  # class 0 of a detector (torchvision's name for it)
@@ -176,9 +176,21 @@ def _clean_boxes(a: Annotated, width: int, height: int, drops: DropLog, args: Bo
     return kept_boxes, kept_labels
 
 
+MAX_NAME_CHARS = 1024  # an image's path in an annotation file (Linux allows 4096 bytes, 255 a component)
+
+
+def check_name(name: str, where: str) -> None:
+    """An image name from an annotation file that can be a path at all: no NUL, not absurdly long (one line)."""
+    if "\x00" in name or len(name) > MAX_NAME_CHARS or any(len(part) > 255 for part in name.split("/")):
+        raise UserError(f"{where}: {quote(name[:80])} is not a file name (a NUL byte, a part over 255 characters, or "
+                        f"over {MAX_NAME_CHARS} in all); name the image's file relative to the images folder",
+                        public=True)
+
+
 def inside(file: str, where: str, root: Path) -> None:
     """An image the annotations name lies inside `root` (no absolute path, no '..'): a hostile annotation file
     never makes trainforge read, or report on, a file elsewhere."""
+    check_name(file, where)
     parts = Path(file).parts
     if not file or Path(file).is_absolute() or ".." in parts or os.path.normpath(file).startswith(".."):
         raise UserError(f"{where}: image {file!r} is not a path inside {root}; name images relative to that folder",
@@ -196,5 +208,5 @@ def unknown_category(where: str, category: Any, declared: str, args: BoxArgs) ->
     """UNKNOWN for a box of an undeclared class under unknown_categories: drop; else the one-line error."""
     if args.unknown_categories == "drop":
         return UNKNOWN
-    raise UserError(f"{where}: category {category!r} is not among {declared}; declare it, fix the annotation, or "
+    raise UserError(f"{where}: category {quote(category)} is not among {declared}; declare it, fix the annotation, or "
                     "set data.args.unknown_categories: drop to drop (and count) such boxes", public=True)

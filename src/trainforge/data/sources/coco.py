@@ -14,9 +14,10 @@ from typing import Any, Optional
 
 from trainforge.config import DataConfig
 from trainforge.data.pool import Pool
-from trainforge.data.sources.boxes import UNKNOWN, Annotated, BoxArgs, box_pool, number, unknown_category
+from trainforge.data.sources.boxes import (UNKNOWN, Annotated, BoxArgs, box_pool, check_name, number,
+                                           unknown_category)
 from trainforge.data.sources.common import SOURCES, parse_args, require_path
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 
 WHAT = "a folder with a COCO annotations.json and its images/ folder"
 FIX = "a COCO file is {\"images\": [...], \"annotations\": [...], \"categories\": [...]}"
@@ -66,7 +67,9 @@ def read_json(file: Path) -> Any:
                         public=True) from None
     except RecursionError:
         raise UserError(f"{file}: nested too deeply to be a COCO file; {FIX}", public=True) from None
-    except (OSError, UnicodeDecodeError) as e:
+    except ValueError as e:  # an integer beyond Python's digit limit (json raises it outside JSONDecodeError)
+        raise UserError(f"{file}: not a COCO file ({str(e)[:120]}); {FIX}", public=True) from None
+    except Exception as e:  # whatever else fails in reading one file: one line naming it
         raise UserError(f"{file}: cannot be read ({type(e).__name__}); {FIX}", public=True) from None
 
 
@@ -90,6 +93,10 @@ def parse_coco(doc: Any, file: str, args: BoxArgs) -> tuple[list[Annotated], lis
         raise UserError(f"{file}: a JSON {type(doc).__name__}, not an object; {FIX}", public=True)
     images, annotations, categories = (_list(doc, k, file) for k in ("images", "annotations", "categories"))
     cats = [_entry(c, "categories", file, i, ("id", "name")) for i, c in enumerate(categories)]
+    for i, c in enumerate(cats):
+        if isinstance(c["id"], bool) or not isinstance(c["id"], (int, str)):
+            raise UserError(f"{file}: categories[{i}].id is {quote(c['id'])}, not a number or a name; {FIX}",
+                            public=True)
     ids = [c["id"] for c in cats]
     if len(set(map(repr, ids))) != len(ids):
         raise UserError(f"{file}: categories repeat an id; give each category its own id", public=True)
@@ -107,11 +114,12 @@ def parse_coco(doc: Any, file: str, args: BoxArgs) -> tuple[list[Annotated], lis
         image = _entry(image, "images", file, i, ("id", "file_name"))
         if not isinstance(image["file_name"], str):
             raise UserError(f"{file}: images[{i}].file_name is not a string; {FIX}", public=True)
+        check_name(image["file_name"], f"{file}: images[{i}].file_name")
         key = repr(image["id"])
         if key in by_id:
-            raise UserError(f"{file}: images[{i}] repeats image id {image['id']!r}; give each image its own id",
+            raise UserError(f"{file}: images[{i}] repeats image id {quote(image['id'])}; give each image its own id",
                             public=True)
-        by_id[key] = Annotated(image["file_name"], f"{file} image {image['id']!r}")
+        by_id[key] = Annotated(image["file_name"], f"{file} image {quote(image['id'])}")
         order.append(by_id[key])
     crowd = 0
     for i, ann in enumerate(annotations):
@@ -119,11 +127,11 @@ def parse_coco(doc: Any, file: str, args: BoxArgs) -> tuple[list[Annotated], lis
         where = f"{file} annotations[{i}]"
         target = by_id.get(repr(ann["image_id"]))
         if target is None:
-            raise UserError(f"{where}: image_id {ann['image_id']!r} is not in \"images\"; fix the id or add the image",
-                            public=True)
+            raise UserError(f"{where}: image_id {quote(ann['image_id'])} is not in \"images\"; fix the id or add the "
+                            "image", public=True)
         bbox = ann["bbox"]
         if not isinstance(bbox, list) or len(bbox) != 4:
-            raise UserError(f"{where}: bbox must be [x, y, width, height] (4 numbers, pixels), got {bbox!r}",
+            raise UserError(f"{where}: bbox must be [x, y, width, height] (4 numbers, pixels), got {quote(bbox)}",
                             public=True)
         x, y, w, h = (number(v, where, "each bbox value", "write [x, y, width, height] as numbers, in pixels")
                       for v in bbox)

@@ -72,43 +72,106 @@ def class_names_for(labels: list[str], declared: Optional[list[Any]]) -> list[st
 
 
 INDEX_SUFFIXES = (".csv", ".jsonl", ".parquet")  # an index: a row per sample, its files by path relative to it
+PARQUET_BATCH_ROWS = 65536
 
 
-def read_index(path: Path) -> Iterator[tuple[str, Optional[dict[str, Any]]]]:
+def read_index(path: Path, cfg: Optional[DataConfig] = None) -> Iterator[tuple[str, Optional[dict[str, Any]]]]:
     """(where, record) per row of an index (.csv with a header, .jsonl, .parquet); None where a row is no record
-    (a CSV row of more or fewer cells than the header, a line that is not a JSON object)."""
-    suffix = path.suffix.lower()
+    (a CSV row of more or fewer cells than the header, a line that is not a JSON object, a value beyond the field
+    bound). Read in batches within `cfg`'s data.max_index_rows and data.max_field_bytes: an index of more rows is one
+    line naming the setting; any failure of the file as a whole is one line naming it."""
+    max_rows = cfg.max_index_rows if cfg is not None else DataConfig().max_index_rows
+    max_field = cfg.max_field_bytes if cfg is not None else DataConfig().max_field_bytes
+    try:
+        yield from _index_rows(path, path.suffix.lower(), max_rows, max_field)
+    except UserError:
+        raise
+    except Exception as e:  # pyarrow, csv, the file system: whatever the failure, one line naming the file
+        raise UserError(f"data.path: {path.name} cannot be read as an index ({type(e).__name__}: "
+                        f"{quote(str(e)[:200])}); write it as .csv with a header, .jsonl or .parquet", public=True) \
+            from None
+
+
+def _too_many(path: Path, max_rows: int) -> UserError:
+    return UserError(f"data.path: {path.name} has more than {max_rows:,} rows (data.max_index_rows); raise "
+                     "data.max_index_rows if it really holds that many samples", public=True)
+
+
+def _index_rows(path: Path, suffix: str, max_rows: int, max_field: int) -> Iterator[tuple[str, Optional[dict]]]:
     if suffix == ".parquet":
         import pyarrow.parquet as pq  # datasets' dependency
 
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield f"row {i}", row
+        table = pq.ParquetFile(path)
+        if table.metadata.num_rows > max_rows:  # the footer says: nothing is decoded yet
+            raise _too_many(path, max_rows)
+        i = 0
+        for batch in table.iter_batches(batch_size=PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                i += 1
+                fits = all(not isinstance(v, (str, bytes)) or len(v) <= max_field for v in row.values())
+                yield f"row {i}", row if fits else None
         return
+    csv.field_size_limit(max_field)
     with path.open(encoding="utf-8", errors="replace", newline="") as f:
         if suffix == ".csv":
             rows = csv.DictReader(f)
-            for row in rows:
+            n = 0
+            while True:
+                try:
+                    row = next(rows)
+                except StopIteration:
+                    return
+                except csv.Error:  # a field beyond the bound, a NUL: that line is no record
+                    yield f"line {rows.line_num}", None
+                    continue
+                n += 1
+                if n > max_rows:
+                    raise _too_many(path, max_rows)
                 ok = None not in row and all(v is not None for v in row.values())
                 yield f"line {rows.line_num}", ({k: v.strip() for k, v in row.items()} if ok else None)
+        n = 0
+        for number, line in enumerate(_bounded_lines(f, max_field), start=1):
+            if line is not None and not line.strip():
+                continue
+            n += 1
+            if n > max_rows:
+                raise _too_many(path, max_rows)
+            try:
+                record = json.loads(line) if line is not None else None
+            except (ValueError, RecursionError):  # not JSON, an integer beyond Python's digit limit, nested too deep
+                record = None
+            yield f"line {number}", record if isinstance(record, dict) else None
+
+
+def _bounded_lines(f: Any, max_chars: int) -> Iterator[Optional[str]]:
+    """The file's lines; None for a line longer than `max_chars` (read past in pieces, never held whole)."""
+    while True:
+        line = f.readline(max_chars + 1)
+        if not line:
             return
-        for n, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    record = None
-                yield f"line {n}", record if isinstance(record, dict) else None
+        if len(line) > max_chars and not line.endswith("\n"):
+            while line and not line.endswith("\n"):
+                line = f.readline(max_chars + 1)
+            yield None
+            continue
+        yield line
 
 
 def under_index(index: Path, rel: str, where: str) -> Path:
     """`rel` (a path in an index) resolved against the index's folder; one that leaves the folder (`..`, an absolute
     path, a link pointing out) is a UserError: an index names files below it, nothing else."""
     base = index.parent.resolve()
+    if "\x00" in rel or len(rel) > MAX_PATH_CHARS:
+        raise UserError(f"data.path: {index.name} {where}: {quote(rel[:80])} is not a path (a NUL byte, or longer "
+                        f"than {MAX_PATH_CHARS} characters); name a file below the index's folder", public=True)
     target = (base / rel).resolve()
     if not target.is_relative_to(base):
         raise UserError(f"data.path: {index.name} {where}: {quote(rel)} is outside the index's folder; paths in an "
                         "index are relative to it and stay below it", public=True)
     return target
+
+
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer name is no file on Linux
 
 
 MISSING_GROUP = "missing_group"  # the drop reason of a sample whose data.group_by column is empty

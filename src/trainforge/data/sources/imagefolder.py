@@ -96,7 +96,7 @@ def index_pool(cfg: DataConfig, a: "ImageFolderArgs", index: Path) -> Pool:
     as a folder's are (corrupt, duplicate), and a row without a path as corrupt, without a label as bad_label."""
     drops = DropLog(group_reasons(cfg, DROP_REASONS))
     rows, columns, not_rows = [], set(), 0
-    for where, record in read_index(index):
+    for where, record in read_index(index, cfg):
         if record is None or not isinstance(record.get("path"), str) or not record["path"].strip():
             drops.drop("corrupt", f"{index.name} {where}")
             not_rows += 1

@@ -183,7 +183,7 @@ def multimodal(cfg: DataConfig, *, seed: int) -> Pool:
                                         *(f"missing_{c}" for c in a.images),
                                         *(("missing_features",) if a.features or a.categorical else ()))))
     columns: set[str] = set()
-    for where, record in read_index(index):
+    for where, record in read_index(index, cfg):
         if record is None:
             drops.drop("corrupt", where)
             continue

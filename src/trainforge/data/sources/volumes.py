@@ -16,8 +16,10 @@ Each volume is read and checked once when the data is built; what it became is c
 a resume, `plan` or a DDP rank decodes no volume (data_report.json `volume_cache`: decoded, cached). Dropped and
 counted (data_report.json `dropped`, and the console): unreadable (not a volume the readers can decode: a cut
 .nii.gz, a PNG named .nii), bad_slices (a DICOM series with a slice missing, slices of other series, sizes or
-orientations mixed), no_geometry (spacing or orientation that cannot be read), duplicate_series (a SeriesInstanceUID
-seen in an earlier series), duplicate (a volume of the same voxels as an earlier one; data.clean.dedup),
+orientations mixed), no_geometry (spacing or orientation that cannot be read), not_3d (a NIfTI with a fourth axis
+of more than one: a time series, channels), too_large (its header's voxels, or the voxels resampling to `spacing`
+would make, beyond `max_volume_voxels`: decided from the header, before any voxel is allocated),
+duplicate_series (a SeriesInstanceUID seen in an earlier series), duplicate (a volume of the same voxels as an earlier one; data.clean.dedup),
 missing_label (no label, or one not in data.args.classes) and missing_group (data.group_by set, the value empty).
 """
 from __future__ import annotations
@@ -48,7 +50,11 @@ from trainforge.files import trainforge_home, write_json_atomic, write_text_atom
 
 WHAT = ("a folder with one subfolder of volumes (.nii, .nii.gz, DICOM series folders) per class, or an index "
         "(.csv, .jsonl, .parquet) of path,label[,patient_id,...]")
-REASONS = ("unreadable", "bad_slices", "no_geometry", "duplicate_series", "duplicate", "missing_label")
+REASONS = ("unreadable", "bad_slices", "no_geometry", "not_3d", "too_large", "duplicate_series", "duplicate",
+           "missing_label")
+# a volume's voxels as stored, and after resampling to data.args.spacing: 2**28 is 1 GiB as float32 (a 512 x 512 x
+# 1000 CT fits); reading and resampling one takes a few times that at its peak
+DEFAULT_MAX_VOLUME_VOXELS = 2**28
 NIFTI_SUFFIXES = (".nii", ".nii.gz")
 CACHE_VERSION = 2
 # HU windows (center, width) radiologists read CT with
@@ -79,6 +85,9 @@ class VolumeArgs(SourceArgs):
     # 3D segmentation: train on random crops of this size (D, H, W; a foreground voxel at the centre half the time);
     # validation, test and predict take the whole volume (`size`) by sliding the model over it
     patch: Optional[list[int]] = Field(None, min_length=3, max_length=3)
+    # a volume whose header says it holds more voxels, or would after resampling to `spacing`, is dropped (too_large)
+    # before anything is allocated: an 86-byte file may claim gigabytes
+    max_volume_voxels: int = Field(DEFAULT_MAX_VOLUME_VOXELS, ge=1)
 
     @field_validator("window", mode="before")
     @classmethod
@@ -118,7 +127,8 @@ class VolumeArgs(SourceArgs):
     def settings(self) -> dict[str, Any]:
         """What the prepared voxels depend on (the cache key, the stored preprocessing)."""
         return {"size": list(self.size), "spacing": self.spacing, "orientation": self.orientation,
-                "window": None if self.window_range() is None else list(self.window_range())}
+                "window": None if self.window_range() is None else list(self.window_range()),
+                "max_volume_voxels": self.max_volume_voxels}
 
 
 # ---- reading (MONAI) and the checks MONAI's readers do not make
@@ -153,6 +163,10 @@ def prepare_volume(path: str, settings: dict[str, Any], *, mask: bool = False,
     from monai.transforms import LoadImage, Orientation, ResizeWithPadOrCrop, Spacing
 
     reader = "PydicomReader" if os.path.isdir(path) else "NibabelReader"
+    if not os.path.isdir(path):  # a file handed to `predict` has had no check: its header first
+        verdict = nifti_shape_verdict(path, settings)
+        if verdict is not None:
+            raise ValueError(verdict)
     with _quiet():
         x = LoadImage(reader=reader, image_only=True, ensure_channel_first=True, dtype=np.float32)(path)
         if x.ndim != 4:
@@ -187,29 +201,72 @@ def raw_shape(path: str) -> list[int]:
         return [int(v) for v in nib.load(path).shape[:3]]
 
 
-def check_nifti(path: str) -> Optional[str]:
-    """None, or the drop reason of a NIfTI file whose header cannot be used (unreadable, no_geometry)."""
+def check_nifti(path: str, settings: Optional[dict[str, Any]] = None) -> Optional[str]:
+    """None, or the drop reason of a NIfTI file whose header cannot be used (unreadable, no_geometry), whose volume is
+    not 3-D (not_3d) or would not fit `settings`' max_volume_voxels (too_large). Only the header is read."""
+    import nibabel as nib
+
+    try:
+        with _quiet():
+            img = nib.load(path)  # the header only: nibabel reads the voxels when asked for them
+            shape = tuple(int(v) for v in img.shape)
+            affine, zooms = img.affine, [float(z) for z in img.header.get_zooms()[:3]]
+            codes = (int(img.header["qform_code"]), int(img.header["sform_code"]))
+    except Exception:  # nibabel raises many types for a file that is not NIfTI
+        return "unreadable"
+    if len(shape) < 3 or min(shape) < 1:
+        return "unreadable"
+    if len(shape) > 3 and int(np.prod(shape[3:])) > 1:
+        return "not_3d"
+    # neither a qform nor an sform: nibabel falls back to a made-up orientation, not the scanner's
+    if codes == (0, 0) or not np.all(np.isfinite(affine)) or abs(np.linalg.det(affine[:3, :3])) < 1e-9 \
+            or min(zooms) <= 0 or not np.all(np.isfinite(zooms)):
+        return "no_geometry"
+    return size_verdict(shape[:3], zooms, settings)
+
+
+def nifti_shape_verdict(path: str, settings: Optional[dict[str, Any]]) -> Optional[str]:
+    """unreadable, not_3d or too_large from a NIfTI header alone (a label volume's geometry is its image's)."""
     import nibabel as nib
 
     try:
         with _quiet():
             img = nib.load(path)
-            affine, zooms = img.affine, img.header.get_zooms()[:3]
-            codes = (int(img.header["qform_code"]), int(img.header["sform_code"]))
+            shape = tuple(int(v) for v in img.shape)
+            zooms = [float(z) for z in img.header.get_zooms()[:3]]
     except Exception:  # nibabel raises many types for a file that is not NIfTI
         return "unreadable"
-    if len(img.shape) < 3:
+    if len(shape) < 3 or min(shape) < 1:
         return "unreadable"
-    # neither a qform nor an sform: nibabel falls back to a made-up orientation, not the scanner's
-    if codes == (0, 0) or not np.all(np.isfinite(affine)) or abs(np.linalg.det(affine[:3, :3])) < 1e-9 \
-            or min(zooms) <= 0:
-        return "no_geometry"
+    if len(shape) > 3 and int(np.prod(shape[3:])) > 1:
+        return "not_3d"
+    return size_verdict(shape[:3], [z if np.isfinite(z) and z > 0 else 1.0 for z in zooms], settings)
+
+
+def size_verdict(shape: Any, zooms: Any, settings: Optional[dict[str, Any]]) -> Optional[str]:
+    """too_large when a volume of `shape` voxels of `zooms` mm holds, or resampled to settings' spacing would hold,
+    more than settings' max_volume_voxels; else None. Arithmetic on the header only (Python ints: no overflow)."""
+    settings = settings or {}
+    limit = int(settings.get("max_volume_voxels") or DEFAULT_MAX_VOLUME_VOXELS)
+    raw = 1
+    for n in shape:
+        raw *= int(n)
+    if raw > limit:
+        return "too_large"
+    spacing = settings.get("spacing")
+    if spacing:
+        resampled = 1.0
+        for n, zoom, target in zip(shape, zooms, spacing):
+            resampled *= max(1.0, int(n) * float(zoom) / float(target))
+        if resampled > limit:
+            return "too_large"
     return None
 
 
-def check_series(folder: str) -> tuple[Optional[str], Optional[str]]:
+def check_series(folder: str, settings: Optional[dict[str, Any]] = None) -> tuple[Optional[str], Optional[str]]:
     """(the drop reason or None, the SeriesInstanceUID) of a DICOM series folder: every file a slice of one series,
-    of one size and orientation, at evenly spaced positions (a gap is a missing slice)."""
+    of one size and orientation, at evenly spaced positions (a gap is a missing slice), and its voxels, as stored and
+    resampled, within `settings`' max_volume_voxels (too_large)."""
     import pydicom
 
     files = files_of(folder)
@@ -242,7 +299,10 @@ def check_series(folder: str) -> tuple[Optional[str], Optional[str]]:
     step = float(np.median(steps))
     if step <= 0 or np.any(np.abs(steps - step) > SLICE_GAP_TOLERANCE * step):
         return "bad_slices", uid
-    return None, uid
+    rows, columns = next(iter(sizes))
+    if not np.isfinite(spacing).all() or not np.isfinite(step):
+        return "no_geometry", uid
+    return size_verdict((columns, rows, len(heads)), (spacing[1], spacing[0], step), settings), uid
 
 
 # ---- the cache of prepared volumes
@@ -304,7 +364,7 @@ def prepared(path: str, settings: dict[str, Any], counts: Counter[str], mask: Op
     except (OSError, ValueError, KeyError, TypeError):
         pass
     counts["decoded"] += 1
-    verdict, uid = check_series(path) if os.path.isdir(path) else (check_nifti(path), None)
+    verdict, uid = check_series(path, settings) if os.path.isdir(path) else (check_nifti(path, settings), None)
     digest = None
     if verdict is None:
         try:
@@ -344,20 +404,36 @@ def is_volume(p: Path) -> bool:
     return p.is_dir() or p.name.lower().endswith(NIFTI_SUFFIXES)
 
 
-def folder_entries(root: Path, a: VolumeArgs) -> list[Entry]:
+def folder_entries(root: Path, a: VolumeArgs, drops: Optional[DropLog] = None) -> list[Entry]:
+    """A volume per item of each class folder. A class folder or an item that is a link leading out of the data folder
+    is never read (dropped as unreadable): a folder names what is in it, as an index names what is below it."""
+    real_root = os.path.realpath(root)
+
+    def inside(p: Path) -> bool:
+        return os.path.commonpath([real_root, os.path.realpath(p)]) == real_root
+
     entries = []
     for cls in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if not inside(cls):
+            if drops is not None:
+                drops.drop("unreadable", cls.name)
+            continue
         for item in sorted(p for p in cls.iterdir() if not p.name.startswith(".") and is_volume(p)):
             rel = item.relative_to(root).as_posix()
+            if not inside(item):
+                if drops is not None:
+                    drops.drop("unreadable", rel)
+                continue
             entries.append(Entry(rel, str(item), {a.label_column: cls.name}))
     return entries
 
 
-def index_entries(index: Path, a: VolumeArgs, drops: DropLog) -> tuple[list[Entry], set[str]]:
+def index_entries(index: Path, a: VolumeArgs, drops: DropLog, cfg: Optional[DataConfig] = None
+                  ) -> tuple[list[Entry], set[str]]:
     """The index's rows as entries (paths resolved under the index's folder; a row that is no record: unreadable),
     and every column seen."""
     entries, columns = [], set()
-    for where, record in read_index(index):
+    for where, record in read_index(index, cfg):
         if record is None or not isinstance(record.get(a.path_column), str) or not record[a.path_column].strip():
             drops.drop("unreadable", f"{index.name} {where}")
             continue
@@ -426,11 +502,11 @@ def volumes(cfg: DataConfig, *, seed: int) -> Pool:
         raise UserError(f"data.path: {root.name} is a folder; 3D segmentation reads an index (.csv, .jsonl, .parquet) "
                         f"with columns {a.path_column} and {a.mask_column}", public=True)
     if root.is_dir():
-        entries, columns = folder_entries(root, a), {a.path_column, a.label_column}
+        entries, columns = folder_entries(root, a, drops), {a.path_column, a.label_column}
         if cfg.group_by is not None:
             raise no_group_column(cfg, f"the class folders of {root.name}", sorted(columns))
     elif root.name.lower().endswith(INDEX_SUFFIXES):
-        entries, columns = index_entries(root, a, drops)
+        entries, columns = index_entries(root, a, drops, cfg)
         if cfg.group_by is not None and cfg.group_by not in columns:
             raise no_group_column(cfg, root.name, sorted(columns))
     else:
