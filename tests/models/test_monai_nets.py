@@ -58,3 +58,27 @@ def test_a_3d_segmenter_trained_on_patches_slides_over_a_whole_volume_in_evaluat
         want = sliding_window_inference(whole, (16, 16, 16), 1, model.net, overlap=0.25, mode="gaussian")
     assert slid.shape == (1, 2, 24, 32, 24)
     torch.testing.assert_close(slid, want)
+
+
+@pytest.mark.parametrize("arch, works, fails", [("DenseNet121", 29, 28), ("resnet10", None, None)])
+def test_a_volume_the_network_downsamples_below_one_voxel_is_one_line_with_the_size_that_works(arch, works, fails):
+    """Issue 50, Low: data.args.size=[16,16,16] under DenseNet121 is one line naming the smallest size that works
+    (found by PyTorch's output-size formula over the network's layers; checked here by real forwards at the edge)."""
+    small = DataInfo("classification", "volume", (1, 16, 16, 16), "float32", 2, ("a", "b"))
+    if works is None:  # a network that keeps a voxel: builds and runs
+        model, spec = build_model(ModelConfig(name="monai", args={"arch": arch}), small)
+        assert model(spec.example(2)).shape == (2, 2)
+        return
+    with pytest.raises(UserError, match=rf"data.args.size: \[16, 16, 16\] is too small for MONAI's {arch}: .* use at "
+                                        rf"least {works} voxels a side") as e:
+        build_model(ModelConfig(name="monai", args={"arch": arch}), small)
+    assert "\n" not in str(e.value)
+    for side, ok in ((works, True), (fails, False)):
+        info = DataInfo("classification", "volume", (1, side, side, side), "float32", 2, ("a", "b"))
+        if not ok:
+            with pytest.raises(UserError):
+                build_model(ModelConfig(name="monai", args={"arch": arch}), info)
+            continue
+        model, _ = build_model(ModelConfig(name="monai", args={"arch": arch}), info)
+        with torch.no_grad():
+            assert model.eval()(torch.zeros(1, 1, side, side, side)).shape == (1, 2)

@@ -146,7 +146,7 @@ def serve_generation(folder: Path, inputs: Sequence[str], *, stdin: Optional[Bin
     prompts = [line for name in inputs for _, line in text_lines(read_input(name, stdin))]
     if not prompts:
         raise UserError("INPUT: no non-empty line to answer; pass text files with one prompt a line")
-    model = load_generator(folder, verify)  # checks the folder (manifest) and that it is a causal LM
+    model = load_generator(folder, verify, command="trainforge predict")  # checks the folder (manifest) and that it is a causal LM
     chat = bool(getattr(model.codec, "template", None))
     answers = [model.complete(p, chat=chat, temperature=0.0, max_new_tokens=GENERATION_NEW_TOKENS) for p in prompts]
     return {"artifact": str(folder), "variant": "hf", "recommended": None, "chosen_by": "file", "chat": chat,

@@ -107,6 +107,41 @@ def monai_network(info: DataInfo, arch: Optional[str] = None, **net_args: Any) -
         model = net(**kwargs)
     except (TypeError, ValueError, AssertionError) as e:
         raise UserError(f"model.args: MONAI's {arch} refused {net_args}: {e}") from None
+    check_downsampling(model, tuple(info.input_shape[1:]), arch)
     if info.task == "segmentation":  # trained on patches of info's size, evaluated on whole volumes
         model = PatchInference(model, tuple(info.input_shape[1:]))
     return model, input_spec(info)
+
+
+def _after(side: int, layer: nn.Module) -> int:
+    """A side of `side` voxels after one convolution or pooling layer (PyTorch's output-size formula)."""
+    def one(v: Any, i: int) -> int:
+        return int(v[i] if isinstance(v, (tuple, list)) else v)
+
+    k, st = layer.kernel_size, layer.stride
+    pad, dil = getattr(layer, "padding", 0), getattr(layer, "dilation", 1)
+    if isinstance(pad, str):  # "same": the size is kept
+        return side
+    return (side + 2 * one(pad, 0) - one(dil, 0) * (one(k, 0) - 1) - 1) // one(st, 0) + 1
+
+
+def check_downsampling(model: nn.Module, spatial: tuple[int, ...], arch: str) -> None:
+    """A volume of `spatial` voxels must keep at least one voxel a side through every strided convolution and
+    pooling of the network (in the order they are built, which is the order they run); else one line naming
+    data.args.size and the smallest size that works, before any tensor is made."""
+    shrinking = (nn.Conv3d, nn.MaxPool3d, nn.AvgPool3d, nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)
+    layers = [m for m in model.modules() if isinstance(m, shrinking)]
+
+    def survives(side: int) -> bool:
+        for layer in layers:
+            side = _after(side, layer)
+            if side < 1:
+                return False
+        return True
+
+    if all(survives(n) for n in spatial):
+        return
+    smallest = next((n for n in range(1, 4097) if survives(n)), None)
+    need = f"at least {smallest} voxels a side" if smallest else "a larger volume"
+    raise UserError(f"data.args.size: {list(spatial)} is too small for MONAI's {arch}: its convolutions and pooling "
+                    f"downsample a side of {min(spatial)} voxels below one voxel; use {need} (or a smaller network)")

@@ -127,10 +127,11 @@ class Generator:
                               source=self.source, token_ids=new, notes=notes)
 
 
-def load_generator(path: str | Path, verify: bool = True, device: Optional[str] = None) -> Generator:
+def load_generator(path: str | Path, verify: bool = True, device: Optional[str] = None,
+                   command: str = "trainforge generate") -> Generator:
     """`device`: train.device's values (default: the run's own train.device; `auto` for a transformers folder)."""
     if is_transformers_folder(path):  # final/hf (or any save_pretrained folder): transformers alone, no base needed
-        model, preprocess, name, source = load_transformers_folder(Path(path), verify)
+        model, preprocess, name, source = load_transformers_folder(Path(path), verify, command)
         vocab, run_device = None, "auto"
     else:
         trained = load_trained(path, verify=verify)
@@ -152,7 +153,8 @@ def is_transformers_folder(path: str | Path) -> bool:
     return (path / "config.json").is_file() and not (path / META).is_file()
 
 
-def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[str, Any], str, str]:
+def load_transformers_folder(path: Path, verify: bool, command: str = "trainforge generate"
+                             ) -> tuple[nn.Module, dict[str, Any], str, str]:
     """(model, a preprocessing record holding the folder's tokenizer files, "hf", source) of a causal LM folder,
     checked against its manifest when it has one (a run's final/hf has)."""
     # heavy (transformers): only generation from such a folder needs it
@@ -171,7 +173,7 @@ def load_transformers_folder(path: Path, verify: bool) -> tuple[nn.Module, dict[
     except (OSError, ValueError) as e:
         if needs_remote_code(e):
             raise remote_code_refusal(str(path), "PATH", remote_code_files(path),
-                                      opt_in="in `trainforge generate`; load it with transformers yourself if you "
+                                      opt_in=f"in `{command}`; load it with transformers yourself if you "
                                              "trust it") from None
         raise UserError(f"{path}: not a readable transformers folder ({str(e).splitlines()[0][:160]})") from None
     if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):

@@ -94,15 +94,16 @@ def read_index(root: Path, field: str = "data.path") -> dict[str, Any]:
     except FileNotFoundError:
         raise UserError(f"{field}: {root} has no {INDEX}; write WebDataset shards with `trainforge data prepare "
                         "RECIPE --format webdataset --out DIR` and point data.path at DIR", public=True) from None
-    except (OSError, ValueError) as e:
-        raise UserError(f"{field}: {path} cannot be read ({e}); prepare the shards again", public=True) from None
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested without end
+        raise UserError(f"{field}: {path} cannot be read ({str(e)[:120] or type(e).__name__}); prepare the shards "
+                        "again", public=True) from None
     if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
         raise UserError(f"{field}: {path} is not a {FORMAT} index of version {VERSION}; prepare the shards again",
                         public=True)
     splits = index.get("splits")
     for split in SPLITS:  # the shards are files of this directory, named as prepare names them: nothing else is read
         for n, s in enumerate(splits.get(split, []) if isinstance(splits, dict) else [None]):
-            if not isinstance(s, dict) or s.get("file") != shard_name(split, n) or not isinstance(s.get("samples"), int):
+            if not isinstance(s, dict) or s.get("file") != shard_name(split, n) or not _is_int(s.get("samples")):
                 raise UserError(f"{field}: {path} lists a shard that is not {split}-{n:05d}.tar of this directory; "
                                 "prepare the shards again", public=True)
     problem = index_problem(index)
@@ -112,8 +113,11 @@ def read_index(root: Path, field: str = "data.path") -> dict[str, Any]:
     return index
 
 
+MAX_COUNT = 2**48  # samples, bytes, a class's count: far above any real data set, far below an overflow
+
+
 def _is_int(v: Any, low: int = 0) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= MAX_COUNT
 
 
 def index_problem(index: dict[str, Any]) -> str | None:
@@ -154,7 +158,8 @@ def shard_rows(index_path: str, tar_path: str, samples: int, num_classes: int, f
     try:
         rows = np.load(index_path, allow_pickle=False, mmap_mode="r")
         tar_bytes = os.stat(tar_path).st_size
-    except (OSError, ValueError, EOFError) as e:  # a pickle (object dtype) is a ValueError: never unpickled
+    except Exception as e:  # any failure of this file (a pickle is a ValueError: never unpickled; a header shape of
+        # 10**30 rows an OverflowError): one line naming it
         first = str(e).strip().splitlines()[0][:120] if str(e).strip() else type(e).__name__
         if "Python objects" in first or "allow_pickle" in first:
             first = "a pickle (object dtype), never unpickled"

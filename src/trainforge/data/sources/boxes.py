@@ -193,14 +193,14 @@ def inside(file: str, where: str, root: Path) -> None:
     check_name(file, where)
     parts = Path(file).parts
     if not file or Path(file).is_absolute() or ".." in parts or os.path.normpath(file).startswith(".."):
-        raise UserError(f"{where}: image {file!r} is not a path inside {root}; name images relative to that folder",
+        raise UserError(f"{where}: image {quote(file)} is not a path inside {root}; name images relative to that folder",
                         public=True)
 
 
 def number(value: Any, where: str, what: str, fix: str) -> float:
     """`value` as a finite float, or a UserError naming `where`, `what` and the fix."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"{where}: {what} must be a finite number, got {value!r}; {fix}", public=True)
+        raise UserError(f"{where}: {what} must be a finite number, got {quote(value)}; {fix}", public=True)
     return float(value)
 
 

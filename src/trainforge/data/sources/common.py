@@ -161,9 +161,11 @@ def under_index(index: Path, rel: str, where: str) -> Path:
     """`rel` (a path in an index) resolved against the index's folder; one that leaves the folder (`..`, an absolute
     path, a link pointing out) is a UserError: an index names files below it, nothing else."""
     base = index.parent.resolve()
-    if "\x00" in rel or len(rel) > MAX_PATH_CHARS:
-        raise UserError(f"data.path: {index.name} {where}: {quote(rel[:80])} is not a path (a NUL byte, or longer "
-                        f"than {MAX_PATH_CHARS} characters); name a file below the index's folder", public=True)
+    if "\x00" in rel or len(rel) > MAX_PATH_CHARS or any(len(part.encode(errors="surrogateescape")) > 255
+                                                          for part in rel.split("/")):
+        raise UserError(f"data.path: {index.name} {where}: {quote(rel[:80])} is not a path (a NUL byte, a name over "
+                        f"255 bytes, or over {MAX_PATH_CHARS} characters); name a file below the index's folder",
+                        public=True)
     target = (base / rel).resolve()
     if not target.is_relative_to(base):
         raise UserError(f"data.path: {index.name} {where}: {quote(rel)} is outside the index's folder; paths in an "

@@ -119,12 +119,17 @@ def masks(cfg: DataConfig, *, seed: int) -> Pool:
             drops.drop("duplicate", rel)
             continue
         seen.add(digest)
-        counts = np.bincount(values.reshape(-1).astype(np.int64), minlength=256)
-        beyond = [v for v in np.flatnonzero(counts[len(names):]) + len(names) if v != IGNORE]
-        if beyond:
-            raise UserError(f"{root / 'masks' / mask}: values {', '.join(map(str, beyond[:5]))} are no class of the "
+        if values.dtype.kind not in "biu":  # a float image (TIFF mode F): no class index, NaN perhaps
+            raise UserError(f"{root / 'masks' / mask}: a {img.mode} image of {values.dtype} values; a mask is one "
+                            "class index per pixel: a grey (L) or palette (P) PNG", public=True)
+        values = values.astype(np.int64)
+        outside = values[((values < 0) | (values >= len(names))) & (values != IGNORE)]  # checked before any count
+        if outside.size:
+            beyond = np.unique(outside)[:5].tolist()
+            raise UserError(f"{root / 'masks' / mask}: values {', '.join(map(str, beyond))} are no class of the "
                             f"{len(names)} in data.args.classes (0..{len(names) - 1}, 255 unlabelled); list every "
                             "class, or fix the mask", public=True)
+        counts = np.bincount(values[values != IGNORE].reshape(-1), minlength=len(names))
         pixels += counts[:len(names)]
         ids.append(rel)
         kept_masks.append(mask)

@@ -68,6 +68,8 @@ def number(value: Any, column: str, where: str, index: str) -> Optional[float]:
                         "number; encode it as numbers, or list it under data.args.categorical", public=True)
     try:
         v = float(value)
+    except OverflowError:  # an integer beyond a float's range: as a non-finite value, missing
+        return None
     except ValueError:
         raise UserError(f"data.args.features: column {quote(column)} of {index} holds {quote(value)} ({where}), not a "
                         "number; encode it as numbers, or list it under data.args.categorical", public=True) from None

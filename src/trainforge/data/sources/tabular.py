@@ -108,7 +108,7 @@ def csv_source(cfg: DataConfig, *, seed: int) -> Pool:
             v = _number(row[i])
             if v is None:
                 raise UserError(
-                    f"data.path: column {header[i]!r} of {path.name} is not numeric ({ident}: {row[i]!r}); "
+                    f"data.path: column {header[i]!r} of {path.name} is not numeric ({ident}: {quote(row[i])}); "
                     "encode it as numbers or remove the column",
                     public=f"data.path: a feature column of {path.name} is not numeric; encode it as numbers or "
                            "remove the column",

@@ -17,7 +17,7 @@ from trainforge.config import DataConfig
 from trainforge.data.pool import Pool
 from trainforge.data.sources.boxes import Annotated, BoxArgs, box_pool, unknown_category
 from trainforge.data.sources.common import SOURCES, class_names_for, parse_args, require_path
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 from trainforge.files import read_regular
 
 WHAT = "a Pascal VOC folder: Annotations/*.xml and JPEGImages/"
@@ -112,10 +112,10 @@ def _read_xml(file: Path) -> tuple[Annotated, list[tuple[str, tuple[float, float
             try:
                 values.append(float(text))
             except ValueError:
-                raise UserError(f"{where}: <{tag}> is {text!r}, not a number; write the box in pixels", public=True) \
+                raise UserError(f"{where}: <{tag}> is {quote(text)}, not a number; write the box in pixels", public=True) \
                     from None
             if values[-1] != values[-1] or abs(values[-1]) == float("inf"):
-                raise UserError(f"{where}: <{tag}> is {text!r}, not a finite number; write the box in pixels",
+                raise UserError(f"{where}: <{tag}> is {quote(text)}, not a finite number; write the box in pixels",
                                 public=True)
         objects.append((name, tuple(values), where))
     return Annotated(filename, str(file)), objects

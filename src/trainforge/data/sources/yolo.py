@@ -8,14 +8,13 @@ data/sources/boxes.py says.
 from __future__ import annotations
 
 from pathlib import Path
-import yaml
 
-from trainforge.config import DataConfig
+from trainforge.config import DataConfig, read_yaml
 from trainforge.data.formats.manifest import IMAGE_SUFFIXES
 from trainforge.data.pool import Pool
 from trainforge.data.sources.boxes import Annotated, BoxArgs, box_pool, unknown_category
 from trainforge.data.sources.common import SOURCES, parse_args, require_path
-from trainforge.errors import UserError
+from trainforge.errors import UserError, quote
 
 WHAT = "a YOLO folder: data.yaml, images/ and labels/"
 LINE = "a YOLO line is `class cx cy w h`: a class index and four fractions of the image's size"
@@ -41,11 +40,10 @@ def yolo(cfg: DataConfig, *, seed: int) -> Pool:
 
 
 def class_names(file: Path) -> list[str]:
-    try:
-        doc = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise UserError(f"{file}: not readable YAML ({type(e).__name__}); write `names: [class0, class1, ...]`",
-                        public=True) from None
+    try:  # the hardened reader: bounded size, nesting and aliases; a FIFO or device refused, never waited on
+        doc = read_yaml(file, "write `names: [class0, class1, ...]`", allow_empty=True)
+    except UserError as e:
+        raise UserError(str(e), public=True) from None
     names = doc.get("names") if isinstance(doc, dict) else None
     if isinstance(names, dict) and all(isinstance(k, int) for k in names) and sorted(names) == list(range(len(names))):
         names = [names[k] for k in range(len(names))]
@@ -81,7 +79,7 @@ def read_labels(file: Path, image: str, names: list[str], args: BoxArgs) -> Anno
                             "polygon", public=True)
         cls = values[0]
         if not cls.is_integer() or cls < 0:
-            raise UserError(f"{where}: class {fields[0]!r} is not a class index (0, 1, ...); {LINE}", public=True)
+            raise UserError(f"{where}: class {quote(fields[0])} is not a class index (0, 1, ...); {LINE}", public=True)
         if len(values) == 5:
             cx, cy, w, h = values[1:]
             box = (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2)
@@ -99,7 +97,7 @@ def _value(text: str, where: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise UserError(f"{where}: {text!r} is not a number; {LINE}", public=True) from None
+        raise UserError(f"{where}: {quote(text)} is not a number; {LINE}", public=True) from None
     if value != value or value in (float("inf"), float("-inf")):
-        raise UserError(f"{where}: {text!r} is not a finite number; {LINE}", public=True)
+        raise UserError(f"{where}: {quote(text)} is not a finite number; {LINE}", public=True)
     return value
