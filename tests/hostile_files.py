@@ -65,6 +65,14 @@ def hostile_index(shards: Path, tmp_path: Path, kind: str) -> Path:
     elif kind == "negative":
         rows[0, 0] = -4096
         np.save(index, rows)
+    elif kind == "vast":  # a header claiming 10**30 rows: numpy cannot even size it
+        header = "{'descr': '<i8', 'fortran_order': False, 'shape': (%d, 3), }" % 10**30
+        header += " " * (63 - (len(header) + 10) % 64) + "\n"
+        index.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + b"\0" * 48)
+    elif kind == "samples":  # index.json claims 10**30 samples in the first shard
+        doc = json.loads((copy / "index.json").read_text())
+        doc["splits"]["train"][0]["samples"] = 10**30
+        (copy / "index.json").write_text(json.dumps(doc))
     return copy
 
 

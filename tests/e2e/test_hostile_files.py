@@ -126,7 +126,9 @@ def shards(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("kind, says", [("pickle", "a pickle (object dtype), never unpickled"),
                                         ("huge", "reaches past the end of its tar"),
-                                        ("negative", "a negative offset or size")])
+                                        ("negative", "a negative offset or size"),
+                                        ("vast", "too large"),  # issue 50: a header of 10**30 rows
+                                        ("samples", "")])  # issue 50: index.json claiming 10**30 samples
 def test_a_shard_index_that_trainforge_did_not_write_is_one_line(shards, tmp_path, capsys, kind, says):
     from trainforge.cli import main
 
@@ -135,7 +137,10 @@ def test_a_shard_index_that_trainforge_did_not_write_is_one_line(shards, tmp_pat
         main(["train", "digits_cnn", f"data.path={bad}", *WDS, *QUICK, "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err[-3000:]
-    assert "train-00000.idx.npy is not a shard index trainforge writes" in err and says in err, err
+    if kind == "samples":
+        assert "index.json lists a shard that is not train-00000.tar" in err, err
+    else:
+        assert "train-00000.idx.npy is not a shard index trainforge writes" in err and says in err, err
     assert not (tmp_path / "run").exists()
 
 

@@ -32,6 +32,12 @@ _MIB = 2**20
 _GIB = 2**30
 
 
+def drawable(text: Any) -> str:
+    """A name a user or a file gave, as text the font renderer takes: a lone surrogate (an undecodable byte of a
+    file name) becomes its escape, \\udcff, rather than an error that would fail the whole report."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def line_chart_png(title: str, ylabel: str, series: Mapping[str, Series], logy: bool = False,
                    ylim: Optional[tuple[float, float]] = None, plain_y: bool = False) -> bytes:
     """One chart with a line per named series, x = optimizer step."""
@@ -56,7 +62,7 @@ def line_chart(title: str, ylabel: str, series: Mapping[str, Series], logy: bool
     lines = []
     for i, (label, (steps, values)) in enumerate(series.items()):
         marker = "o" if len(steps) <= _MARKERS_UP_TO_POINTS else None
-        lines += ax.plot(steps, values, label=label, marker=marker, markersize=3, linewidth=1.5,
+        lines += ax.plot(steps, values, label=drawable(label), marker=marker, markersize=3, linewidth=1.5,
                          color=colors[i] if colors else None, gid=line_ids[i] if line_ids else None)
     if logy:
         ax.set_yscale("log")
@@ -66,7 +72,7 @@ def line_chart(title: str, ylabel: str, series: Mapping[str, Series], logy: bool
         formatter = ScalarFormatter(useOffset=False)
         formatter.set_scientific(False)
         ax.yaxis.set_major_formatter(formatter)
-    ax.set_title(title)
+    ax.set_title(drawable(title))
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(True, alpha=0.3)
@@ -94,7 +100,7 @@ def confusion_matrix_png(matrix: Sequence[Sequence[int]], class_names: Sequence[
 
     every = max(1, math.ceil(n / _MAX_TICK_LABELS))
     ticks = list(range(0, n, every))
-    names = [str(class_names[i]) for i in ticks]
+    names = [drawable(class_names[i]) for i in ticks]
     # parse_math=False: a class name such as "$5" must not be read as TeX.
     ax.set_xticks(ticks, labels=names, rotation=45, ha="right", parse_math=False)
     ax.set_yticks(ticks, labels=names, parse_math=False)
@@ -152,7 +158,7 @@ def pr_curves_png(recall: Sequence[float], precision: Mapping[str, Sequence[Opti
         for name, values in precision.items():
             points = [(r, p) for r, p in zip(recall, values) if p is not None]
             if points:
-                ax.plot(*zip(*points), linewidth=1.5, label=str(name))
+                ax.plot(*zip(*points), linewidth=1.5, label=drawable(name))
 
     return _curves_png(draw, "recall", "precision", title, bool(precision))
 
@@ -162,7 +168,7 @@ def roc_curves_png(curves: Mapping[str, tuple[Sequence[float], Sequence[float]]]
     def draw(ax: Any) -> None:
         ax.plot([0, 1], [0, 1], linestyle=":", color="grey", linewidth=1)
         for name, (fpr, tpr) in curves.items():
-            ax.step(fpr, tpr, where="post", linewidth=1.5, label=str(name))
+            ax.step(fpr, tpr, where="post", linewidth=1.5, label=drawable(name))
 
     return _curves_png(draw, "false positive rate (1 - specificity)", "true positive rate (sensitivity)", title,
                        bool(curves))
@@ -178,7 +184,7 @@ def _curves_png(draw: Any, xlabel: str, ylabel: str, title: str, legend: bool) -
     ax.set_ylim(0.0, 1.02)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(drawable(title))
     ax.grid(True, alpha=0.3)
     if legend:
         for text in ax.legend(fontsize=8).get_texts():  # class names as plain text, never TeX
