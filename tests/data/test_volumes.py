@@ -339,3 +339,21 @@ def test_a_series_folder_with_a_link_out_of_it_is_not_read(tmp_path):
     index = write_index(root, [("v0.nii.gz", "sphere", "P1"), ("v1.nii.gz", "cube", "P2"), ("s", "cube", "P9")])
     report = build_data(volumes_cfg(index, size=[8, 8, 8], val_fraction=0.0, test_fraction=0.0), seed=0).report
     assert report["dropped"]["unreadable"] == 1 and report["dropped_examples"]["unreadable"] == ["s"]
+
+
+def test_a_class_folder_never_follows_a_link_out_of_the_data_folder(tmp_path):
+    """Issue 50, Medium 9: in a class-folder tree, a volume that is a link to a file outside data.path, and a class
+    folder that is a link to a folder outside, are dropped as unreadable, never read; links inside are kept."""
+    root, outside = tmp_path / "data", tmp_path / "elsewhere"
+    rng = np.random.default_rng(8)
+    for k in range(4):
+        for kind in ("sphere", "cube"):
+            write_nifti(root / kind / f"{kind}{k}.nii.gz", shape_volume(kind, rng, size=8), SPACING)
+    write_nifti(outside / "secret.nii.gz", shape_volume("cube", rng, size=8), SPACING)
+    (root / "cube" / "leak.nii.gz").symlink_to(outside / "secret.nii.gz")
+    (root / "stolen").symlink_to(outside, target_is_directory=True)
+    (root / "sphere" / "again.nii.gz").symlink_to(root / "sphere" / "sphere0.nii.gz")  # inside: fine
+    report = build_data(volumes_cfg(root, size=[8, 8, 8], val_fraction=0.0, test_fraction=0.0), seed=0).report
+    assert report["dropped"]["unreadable"] == 2
+    assert sorted(report["dropped_examples"]["unreadable"]) == ["cube/leak.nii.gz", "stolen"]
+    assert report["rows_kept"] + report["dropped"].get("duplicate", 0) == 9

@@ -97,6 +97,20 @@ def test_generate_refuses_a_pickle_and_a_truncated_file_in_one_line(files, tmp_p
     assert not files["pwned"].exists()
 
 
+def test_predict_on_a_folder_with_its_own_code_names_predict(files, tmp_path, capsys):
+    """Issue 50, Low: the refusal names the command the user ran, not `trainforge generate`."""
+    from trainforge.cli import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["predict", str(files["remote"]), str(prompts)])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err[-2000:]
+    assert "in `trainforge predict`" in err and "trainforge generate" not in err, err
+    assert not files["marker"].exists()
+
+
 @pytest.mark.slow
 def test_a_sequence_longer_than_the_models_positions_is_one_line_before_any_step(files, tmp_path):
     args = ["train", "llm_lora_sft", f"data.path={files['chats']}", f"model.args.pretrained={files['short']}",
