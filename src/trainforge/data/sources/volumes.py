@@ -164,7 +164,7 @@ def prepare_volume(path: str, settings: dict[str, Any], *, mask: bool = False,
 
     reader = "PydicomReader" if os.path.isdir(path) else "NibabelReader"
     if not os.path.isdir(path):  # a file handed to `predict` has had no check: its header first
-        verdict = nifti_shape_verdict(path, settings)
+        verdict = check_nifti(path, settings, geometry=False)
         if verdict is not None:
             raise ValueError(verdict)
     with _quiet():
@@ -201,9 +201,10 @@ def raw_shape(path: str) -> list[int]:
         return [int(v) for v in nib.load(path).shape[:3]]
 
 
-def check_nifti(path: str, settings: Optional[dict[str, Any]] = None) -> Optional[str]:
-    """None, or the drop reason of a NIfTI file whose header cannot be used (unreadable, no_geometry), whose volume is
-    not 3-D (not_3d) or would not fit `settings`' max_volume_voxels (too_large). Only the header is read."""
+def check_nifti(path: str, settings: Optional[dict[str, Any]] = None, *, geometry: bool = True) -> Optional[str]:
+    """None, or the drop reason of a NIfTI file whose header cannot be used (unreadable; with `geometry`, no_geometry),
+    whose volume is not 3-D (not_3d) or would not fit `settings`' max_volume_voxels (too_large). Only the header is
+    read. `geometry=False`: a label volume, whose geometry is its image's."""
     import nibabel as nib
 
     try:
@@ -218,29 +219,12 @@ def check_nifti(path: str, settings: Optional[dict[str, Any]] = None) -> Optiona
         return "unreadable"
     if len(shape) > 3 and int(np.prod(shape[3:])) > 1:
         return "not_3d"
+    usable = np.all(np.isfinite(zooms)) and min(zooms) > 0
     # neither a qform nor an sform: nibabel falls back to a made-up orientation, not the scanner's
-    if codes == (0, 0) or not np.all(np.isfinite(affine)) or abs(np.linalg.det(affine[:3, :3])) < 1e-9 \
-            or min(zooms) <= 0 or not np.all(np.isfinite(zooms)):
+    if geometry and (codes == (0, 0) or not np.all(np.isfinite(affine)) or abs(np.linalg.det(affine[:3, :3])) < 1e-9
+                     or not usable):
         return "no_geometry"
-    return size_verdict(shape[:3], zooms, settings)
-
-
-def nifti_shape_verdict(path: str, settings: Optional[dict[str, Any]]) -> Optional[str]:
-    """unreadable, not_3d or too_large from a NIfTI header alone (a label volume's geometry is its image's)."""
-    import nibabel as nib
-
-    try:
-        with _quiet():
-            img = nib.load(path)
-            shape = tuple(int(v) for v in img.shape)
-            zooms = [float(z) for z in img.header.get_zooms()[:3]]
-    except Exception:  # nibabel raises many types for a file that is not NIfTI
-        return "unreadable"
-    if len(shape) < 3 or min(shape) < 1:
-        return "unreadable"
-    if len(shape) > 3 and int(np.prod(shape[3:])) > 1:
-        return "not_3d"
-    return size_verdict(shape[:3], [z if np.isfinite(z) and z > 0 else 1.0 for z in zooms], settings)
+    return size_verdict(shape[:3], zooms if usable else [1.0, 1.0, 1.0], settings)
 
 
 def size_verdict(shape: Any, zooms: Any, settings: Optional[dict[str, Any]]) -> Optional[str]:
