@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from trainforge.files import read_regular
 from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slots import Slot
 from trainforge.layout import EVAL, FINAL, WEIGHTS, JobDir
@@ -196,11 +197,8 @@ def describe_exit(returncode: Optional[int]) -> str:
 def last_log_line(log: Path, max_bytes: int = 16384) -> str:
     """The process's last non-empty output line (the server's own header lines skipped)."""
     try:
-        with open(log, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
+        lines = read_regular(log, max_bytes, tail=True)[0].decode(errors="replace").splitlines()
+    except OSError:  # gone, or not a regular file: the server never blocks on what a job could make of it
         return ""
     for line in reversed(lines):
         line = line.strip()
