@@ -36,6 +36,7 @@ def answers_within_a_second(server: ServerProcess, ids: list[int]) -> dict[int, 
     return {job["id"]: job for job in httpx.get(server.url + "/api/jobs", timeout=5).json()}
 
 
+@pytest.mark.serial  # a timing bar (1 s an answer): measured with the machine to itself
 def test_a_fifo_or_a_device_link_as_metrics_hangs_nothing_and_shows_unreadable(tmp_path):
     """Two jobs run; then, as their own code could have done, one's metrics.jsonl becomes a FIFO and the other's a
     link to /dev/zero (measured once they have ended: the timings are the server's, not two trainers' load)."""
@@ -90,6 +91,7 @@ def _write_rows(path: Path, first_step: int, target_bytes: int) -> int:
     return step
 
 
+@pytest.mark.serial  # a timing bar (50 ms a poll): measured with the machine to itself
 def test_a_huge_metrics_file_costs_a_poll_only_what_is_new(tmp_path):
     from trainforge.jobs.progress import MAX_POINTS, series
 
