@@ -322,3 +322,63 @@ def test_mlflow_is_one_side_of_the_tracking_line():
                                  any((getattr(n, "module", None) or a.name).split(".")[0] == "mlflow" for a in n.names)
                                  for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))))
     assert mlflow_users and all(u.startswith("tracking/") for u in mlflow_users), mlflow_users
+
+
+# The folders and modules inside data/ are layers too (issue 51, item 6): the records a sample is, then readers and
+# tokenizers, the on-disk formats, the stages, the pool, texts made samples, the sources, the pipeline, prepare.
+DATA_LAYERS = [
+    ("records", {"base", "samples", "seeding", "summary", "source_tasks"}),
+    ("readers and tokenizers", {"image", "text"}),
+    ("formats", {"formats"}),
+    ("stages", {"stages"}),
+    ("pool", {"pool"}),
+    ("texts made samples", {"corpus"}),
+    ("sources", {"sources"}),
+    ("pipeline", {"pipeline"}),
+    ("prepare", {"prepare"}),
+]
+DATA_LEVEL = {part: i for i, (_, parts) in enumerate(DATA_LAYERS) for part in parts}
+
+
+def part_of(module: str, package: str = "data") -> str | None:
+    """The folder (or module) directly inside trainforge.<package> a module is in: data.text.codec -> text."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == package else None
+
+
+def part_graph(graph: dict[str, set[str]], package: str = "data") -> dict[str, set[str]]:
+    parts: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        here = part_of(module, package)
+        if here is None:
+            continue
+        parts.setdefault(here, set()).update(t for t in map(lambda x: part_of(x, package), targets)
+                                             if t is not None and t != here)
+    return parts
+
+
+def test_every_part_of_data_has_a_layer():
+    unknown = sorted(p for p in part_graph(import_graph()) if p not in DATA_LEVEL)
+    assert not unknown, f"put these in DATA_LAYERS: {unknown}"
+
+
+def test_no_cycles_between_the_folders_of_data():
+    cycles = find_cycles(part_graph(import_graph()))
+    assert not cycles, "data/ folders importing each other: " + "; ".join(" -> ".join(c) for c, _ in cycles)
+
+
+def test_imports_inside_data_point_down_only():
+    graph = import_graph()
+    upward = sorted(f"{m} -> {t}" for m, targets in graph.items() for t in targets
+                    if part_of(m) is not None and part_of(t) is not None
+                    and DATA_LEVEL.get(part_of(t), -1) > DATA_LEVEL.get(part_of(m), len(DATA_LAYERS)))
+    assert not upward, f"{len(upward)} import(s) inside data/ point up a layer:\n" + "\n".join(upward)
+
+
+def test_the_data_check_sees_a_planted_cycle():
+    """The cycle issue 51 found (text/tokenize -> formats/token_shards -> text/codec), planted again: caught."""
+    graph = {"trainforge.data.text.tokenize": {"trainforge.data.formats.token_shards"},
+             "trainforge.data.formats.token_shards": {"trainforge.data.text.codec"},
+             "trainforge.data.text.codec": set()}
+    assert find_cycles(part_graph(graph)) and not find_cycles(folder_graph(graph))  # the top-level check misses it
+    assert DATA_LEVEL["formats"] > DATA_LEVEL["text"]  # and the layer check names text/tokenize's import as upward

@@ -96,7 +96,7 @@ def test_bpe_is_trained_once_on_the_train_text_and_resume_reuses_its_shards(tmp_
     cfg = lm_cfg(tmp_path / "docs", "data.tokenizer=bpe", "data.tokenizer_args.vocab_size=300")
     first = build_data(cfg.data, seed=0)
     trained = []
-    monkeypatch.setattr("trainforge.data.text.tokenize.train_bpe", lambda *a, **k: trained.append(1))
+    monkeypatch.setattr("trainforge.data.corpus.tokenize.train_bpe", lambda *a, **k: trained.append(1))
     again = build_data(cfg.data, seed=0)  # the BPE of this corpus and settings is kept: not trained again
     resumed = build_data(cfg.data, seed=0, stored=first.preprocess)  # resume: the run's stored tokenizer
     assert not trained

@@ -34,7 +34,7 @@ from trainforge.data.sources import SOURCES
 from trainforge.data.sources.imagefolder import ImageFiles
 from trainforge.data.formats.tar_shards import FORMAT, INDEX, SPLITS, Item, shard_name, write_index, write_shard
 from trainforge.data.text.codec import RawBytes, Subword
-from trainforge.data.text.tokenize import TextCorpus, corpus_tokenizer
+from trainforge.data.corpus.tokenize import TextCorpus, corpus_tokenizer
 from trainforge.errors import UserError
 from trainforge.hardware.cpus import available_cpus
 from trainforge.registry import Registry

@@ -7,7 +7,7 @@ or  {"instruction": "...", "input": "..." (optional), "output": "..."}   (one us
 The source reads and checks the lines: dropped as `corrupt` are lines that are not JSON, have no messages, a role
 or a content of the wrong kind, or no assistant turn; as `duplicate` the same conversation again
 (`data.clean.dedup`). The pipeline then renders and tokenizes them, splits them and lays them into windows
-(data/text/chat.py: how, and what a sample is).
+(data/corpus/chat.py: how, and what a sample is).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import DropLog, Pool, Samples
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
-from trainforge.data.text.chat import Message, tokenize_chat
-from trainforge.data.text.tokenize import choose_tokenizer
+from trainforge.data.corpus.chat import Message, tokenize_chat
+from trainforge.data.corpus.tokenize import choose_tokenizer
 from trainforge.errors import UserError
 
 CHAT_DROP_REASONS = ("duplicate", "corrupt", "empty_text", "too_long")

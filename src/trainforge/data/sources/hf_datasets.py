@@ -28,7 +28,7 @@ from trainforge.confine import check_found, confined_roots
 from trainforge.data.formats.token_shards import FileStat, HfFiles, hf_rows
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.data.sources.jsonl import JsonlArgs, check_classification_tokenizer, records_pool
-from trainforge.data.text.tokenize import TextCorpus
+from trainforge.data.corpus.tokenize import TextCorpus
 from trainforge.errors import UserError, quote
 from trainforge.hub import first_line, why_not_hub
 

@@ -34,7 +34,7 @@ from trainforge.data.sources.common import (
     require_path,
 )
 from trainforge.data.text.byte_level import BYTES_VOCAB_SIZE, PAD_ID, encode
-from trainforge.data.text.tokenize import TextSamples
+from trainforge.data.corpus.tokenize import TextSamples
 from trainforge.errors import UserError
 
 

@@ -20,7 +20,7 @@ from trainforge.data.pool import Pool
 from trainforge.confine import check_found
 from trainforge.data.formats.token_shards import TextFiles
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
-from trainforge.data.text.tokenize import TextCorpus
+from trainforge.data.corpus.tokenize import TextCorpus
 from trainforge.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py")

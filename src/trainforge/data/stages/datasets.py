@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset
 
 from trainforge.data.stages.loader import ShardOrder
-from trainforge.data.pool import Samples, SampleUnreadable
+from trainforge.data.samples import Samples, SampleUnreadable
 from trainforge.data.seeding import generator_for
 
 Transform = Callable[[torch.Tensor], torch.Tensor]

@@ -11,11 +11,11 @@ The modules, each for one kind of tokenizer or one use of them:
   the run as the text of their files;
 - `codec`: a tokenizer as encoding code needs it: `RawBytes` (the one raw-bytes codec: token shards and generate),
   `Subword` (a shard worker's), `StoredTokenizer` and `codec_for` (generate's);
-- `chat_templates`, `chat`: conversations rendered with a chat template, tokenized, loss marked and packed;
-- `tokenize`: how the pipeline tokenizes a source's texts (`choose_tokenizer`, `TextSamples`, `TextCorpus`).
+- `chat_templates`: the built-in chat templates.
 
-The names below load on first use: `trainforge predict` (bytes and subword tokenizers) and the token shards' pool
-workers import no torch; `tokenize` and `chat` do.
+How the pipeline makes samples of texts (tokenizing a source's texts, conversations) is `data/corpus/`, above this
+folder, the token shards and the pool. The names below load on first use: `trainforge predict` (bytes and subword
+tokenizers) and the token shards' pool workers import no torch.
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ _MODULES = {
                   "tokenizer_note"),
     "codec": ("Codec", "RawBytes", "Subword", "StoredTokenizer", "codec_for"),
     "chat_templates": ("TEMPLATES", "DEFAULT_TEMPLATE", "CHATML", "LLAMA3", "ALPACA"),
-    "chat": ("ChatTokens", "ChatWindows", "tokenize_chat", "pack_chat"),
-    "tokenize": ("TextSamples", "TextCorpus", "TokenWindows", "choose_tokenizer", "corpus_tokenizer"),
 }
 _LAZY = {name: f"trainforge.data.text.{module}" for module, names in _MODULES.items() for name in names}
 __all__ = sorted(_LAZY)
