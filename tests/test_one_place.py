@@ -131,10 +131,22 @@ def _docstrings(tree: ast.AST) -> set[int]:
     return ids
 
 
+def layout_file_names() -> set[str]:
+    """Every file name layout.py declares (config.yaml, job-config.yaml, eval.json ...)."""
+    tree = ast.parse((SRC / "layout.py").read_text())
+    return {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and re.fullmatch(r"[\w.-]+\.(yaml|json|jsonl|html|png|txt|pt|safetensors)", n.value)}
+
+
 def layout_names_spelled(tree: ast.AST) -> list[tuple[int, str]]:
-    """(line, string) of each place a run/job directory name is spelled outside layout.py's constants."""
+    """(line, string) of each place a run/job directory name is spelled outside layout.py's constants: a name in a
+    path, a checkpoint or metadata name anywhere, and (issue 51) a layout file name after a folder in a string: the
+    piece of an f-string that joins it (f"{folder}/config.yaml") or a shell variable's ("$run_dir/job-config.yaml")."""
     skip = _docstrings(tree)
+    files = layout_file_names()
+    joined = re.compile(r"(^|\$\{?\w+\}?)/(" + "|".join(map(re.escape, sorted(files))) + r")\b")
     in_path: set[int] = set()
+    in_fstring: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             in_path |= {id(node.left), id(node.right)}
@@ -143,11 +155,15 @@ def layout_names_spelled(tree: ast.AST) -> list[tuple[int, str]]:
             name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
             if name in PATH_CALLS:
                 in_path |= {id(a) for a in node.args}
+        elif isinstance(node, ast.JoinedStr):
+            in_fstring |= {id(v) for v in node.values}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
             text = node.value
-            if (id(node) in in_path and text in PATH_NAMES) or text.startswith(ALWAYS_NAMES):
+            if ((id(node) in in_path and (text in PATH_NAMES or text in files)) or text.startswith(ALWAYS_NAMES)
+                    or (id(node) in in_fstring and joined.match(text)) or re.search(r"\$\{?\w+\}?/", text)
+                    and joined.search(text)):
                 found.append((node.lineno, text))
     return sorted(found)
 
@@ -167,8 +183,11 @@ found = root.glob("step-*")
 step = int(name.removeprefix("step-"))
 meta = path / "model.json"
 fence = "sandbox.json"
+mounted = f"{CONFIG_DIR}/config.yaml"
+script = 'config_file="$run_dir/job-config.yaml"'
+report = run_dir / "report.html"
 '''
-    assert sorted(line for line, _ in layout_names_spelled(ast.parse(code))) == [2, 3, 4, 5, 6, 7, 8]
+    assert sorted(line for line, _ in layout_names_spelled(ast.parse(code))) == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     fine = '''
 """A docstring may say final/model.json and checkpoints/step-*."""
 name: str = "run"

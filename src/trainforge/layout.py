@@ -53,6 +53,8 @@ JOB_LOG = "log.txt"
 JOB_EXIT = "exit.json"
 JOB_SANDBOX = "sandbox.json"
 JOB_TMP = "tmp"
+JOB_CONFIG = "job-config.yaml"  # the recipe a cluster job's batch script writes for the trainer (the job server: in
+# the job's folder; `launch slurm` on its own: in the run directory)
 
 
 def step_dir_name(step: int) -> str:

@@ -41,6 +41,7 @@ from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slurm import EngineDown, EngineJob, EngineRefused, Slurm, SlurmSettings
 from trainforge.jobs.store import Job
 from trainforge.launch.manifests import JobSpec, render
+from trainforge.layout import JOB_CONFIG
 
 log = logging.getLogger("trainforge.jobs")
 
@@ -56,7 +57,6 @@ PROCESS_BASE_BYTES = 2**30
 # nice larger than the site's priorities would floor them all and leave only submission order.
 NICE_DEFAULT, NICE_MAX = 100, 10_000
 JOB_SCRIPT = "job.sbatch"
-JOB_CONFIG = "job-config.yaml"
 ENGINE_KEY = "engine.key"  # in the server's state folder: the HMAC key of its engine jobs' comments
 
 

@@ -29,7 +29,7 @@ import yaml
 from trainforge.config import Config, load_config
 from trainforge.errors import UserError
 from trainforge.registry import Registry
-from trainforge.layout import CONFIG
+from trainforge.layout import CONFIG, JOB_CONFIG
 
 LAUNCHERS: Registry[Callable[["JobSpec"], str]] = Registry("launcher", "launch target")
 
@@ -195,7 +195,7 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)  # extra environment, e.g. {"NCCL_DEBUG": "INFO"}
     pretrained: tuple[Pretrained, ...] = ()  # what the nodes load besides the recipe (launch_text fills it)
     command: tuple[str, ...] = ("trainforge",)  # the words that start trainforge on a node (the job server names its python)
-    # slurm: where the batch script writes the recipe; None: $run_dir/job-config.yaml. The job server names a file in
+    # slurm: where the batch script writes the recipe; None: $run_dir/<layout.JOB_CONFIG>. The job server names a file in
     # the job's folder, which the fenced trainer cannot write: a link it left in its run directory is never followed
     config_file: Optional[str] = None
 
@@ -418,7 +418,7 @@ def render_slurm(spec: JobSpec) -> str:
         "set -euo pipefail",
         "",
         f"run_dir={shlex.quote(run_dir_for(spec))}",
-        f"config_file={shlex.quote(spec.config_file)}" if spec.config_file else 'config_file="$run_dir/job-config.yaml"',
+        f"config_file={shlex.quote(spec.config_file)}" if spec.config_file else f'config_file="$run_dir/{JOB_CONFIG}"',
         'mkdir -p "$run_dir"',
         *_write_config_lines('"$config_file"', spec),
         *_cpu_env_lines(spec),
@@ -522,7 +522,7 @@ def render_k8s(spec: JobSpec) -> str:
                   "data": {CONFIG: _config_text(spec)}}
     if spec.k8s_api == "trainjob":
         return _dump_yaml(config_doc, _trainjob(spec, name, run_dir, resources, env_list, mounts, volumes))
-    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.nproc), spec.nnodes,
+    command = _train_args(f"{K8S_CONFIG_DIR}/{CONFIG}", run_dir, str(spec.nproc), spec.nnodes,
                           "$(MASTER_ADDR):$(MASTER_PORT)", spec)  # fmt: skip
     container = {
         "name": "pytorch",  # the training operator looks the container up by this name
@@ -571,7 +571,7 @@ def _trainjob(spec: JobSpec, name: str, run_dir: str, resources: dict[str, Any],
     """A Kubeflow Trainer v2 TrainJob: numNodes pods of the runtime, our command in its `node` container."""
     if spec.elastic:
         _bad("min_nodes", "a TrainJob runs a fixed numNodes; drop --min-nodes/--max-nodes, or use --k8s-api pytorchjob")
-    command = _train_args(f"{K8S_CONFIG_DIR}/config.yaml", run_dir, str(spec.nproc), str(spec.nodes),
+    command = _train_args(f"{K8S_CONFIG_DIR}/{CONFIG}", run_dir, str(spec.nproc), str(spec.nodes),
                           "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)", spec)  # fmt: skip
     trainer: dict[str, Any] = {"image": spec.image, "command": command, "numNodes": spec.nodes,
                                "numProcPerNode": spec.nproc, "resourcesPerNode": resources}

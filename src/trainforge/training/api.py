@@ -23,7 +23,7 @@ from trainforge.data import SOURCES
 from trainforge.models import MODELS
 from trainforge.engine.optim import OPTIMIZERS
 from trainforge.engine.schedule import SCHEDULES
-from trainforge.layout import CHECKPOINTS, CONFIG, CONFIG_TEXT, EVAL, FINAL, METRICS, REPORT, STEP_GLOB
+from trainforge.layout import CHECKPOINTS, CONFIG, CONFIG_TEXT, EVAL, FINAL, METRICS, REPORT, STATE, STEP_GLOB
 
 ConfigLike = Union[Config, str, Path, None]
 
@@ -126,7 +126,7 @@ def _saved_config(run_dir: Path, ckpt: Optional[Path]) -> Optional[Config]:
     if saved.is_file():
         return config_from_dict(read_yaml(saved))
     if ckpt is not None:
-        return config_from_yaml_text(load_state(ckpt)[CONFIG_TEXT], f"{ckpt}/state.pt")
+        return config_from_yaml_text(load_state(ckpt)[CONFIG_TEXT], str(ckpt / STATE))
     return None
 
 
