@@ -11,7 +11,17 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "trainforge"
 REGISTRY = "tasks"  # the one folder where a task may be named in a branch
-TASK_NAMES = {"classification", "lm", "chat"}
+
+
+def _task_names() -> set[str]:
+    """Every registered task's name (from the registry itself, so a task added later is checked too), and chat, the
+    language-modelling data a recipe may still call its task."""
+    from trainforge.tasks import TASKS
+
+    return set(TASKS.names()) | {"chat"}
+
+
+TASK_NAMES = _task_names()
 FLAG = re.compile(r"^_?is_(lm|classification|chat|text_classification|language_model)$")
 
 
@@ -76,6 +86,8 @@ def loss(logits, y, info):
     return 0
 '''
     assert task_branches(ast.parse(planted)) == [3, 5, 6, 6]
+    for task in ("segmentation", "detection"):  # the names of every registered task, not a list written here
+        assert task_branches(ast.parse(f'table = NETS if info.task == "{task}" else OTHER\n')) == [1]
     fine = '''
 TASKS.register("lm")(LanguageModelling)
 task = TASKS.get(cfg.task)
@@ -91,9 +103,12 @@ def test_a_branch_planted_in_a_copy_of_the_source_is_found_and_the_registry_may_
     shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
     loop = copy / "training" / "loop.py"
     loop.write_text(loop.read_text() + '\n\ndef planted(info):\n    return 1 if info.task == "lm" else 0\n')
+    nets = copy / "models" / "monai_nets.py"  # where issue 51 found the blind spot: a task the old list lacked
+    nets.write_text(nets.read_text() + '\n\ndef planted(info):\n    return info.task == "segmentation"\n')
     (copy / "tasks" / "planted.py").write_text('def ok(info):\n    return info.task == "lm"\n')
     found = branches_by_file(copy)
-    assert list(found) == ["training/loop.py"] and len(found["training/loop.py"]) == 1
+    assert sorted(found) == ["models/monai_nets.py", "training/loop.py"], found
+    assert all(len(lines) == 1 for lines in found.values()), found
 
 
 def test_the_tasks_command_lists_each_task_with_its_default_metric(capsys):

@@ -15,6 +15,7 @@ weights that load offline.
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,11 +25,6 @@ from trainforge.data.base import DataInfo
 from trainforge.errors import UserError
 from trainforge.models.base import InputSpec
 from trainforge.models.zoo import DataFit, input_spec, register_model
-
-VOLUMES = DataFit(
-    "classification or segmentation of volumes (float C,D,H,W inputs: data.source volumes)",
-    lambda info: info.input_dtype == "float32" and len(info.input_shape) == 4, ("classification", "segmentation"),
-)
 
 # arch -> (the data's arguments by MONAI's names: spatial dims, input channels, classes)
 CLASSIFIERS: dict[str, tuple[str, str, str]] = {
@@ -66,6 +62,27 @@ class PatchInference(nn.Module):
                                         mode="gaussian")
 
 
+@dataclass(frozen=True)
+class Role:
+    """What the family builds for a task: its networks (name -> MONAI's argument names), the word for them, the
+    default, and whether the model slides over whole volumes at evaluation (a segmenter trained on patches)."""
+
+    networks: dict[str, tuple[str, str, str]]
+    what: str
+    default: str
+    whole_volumes: bool
+
+
+ROLES = {  # by task: the tasks this family serves are these keys
+    "classification": Role(CLASSIFIERS, "classifier", "DenseNet121", whole_volumes=False),
+    "segmentation": Role(SEGMENTERS, "segmenter", "UNet", whole_volumes=True),
+}
+VOLUMES = DataFit(
+    "classification or segmentation of volumes (float C,D,H,W inputs: data.source volumes)",
+    lambda info: info.input_dtype == "float32" and len(info.input_shape) == 4, tuple(ROLES),
+)
+
+
 def network_parameters(net: Callable[..., Any]) -> list[str]:
     """The keyword arguments a MONAI network takes (DenseNet121's kwargs go on to DenseNet, a resnet* builder's to
     ResNet)."""
@@ -86,8 +103,9 @@ def monai_network(info: DataInfo, arch: Optional[str] = None, **net_args: Any) -
     segmentation, UNet by default); net_args: its own arguments."""
     import monai.networks.nets as nets
 
-    table, what = (SEGMENTERS, "segmenter") if info.task == "segmentation" else (CLASSIFIERS, "classifier")
-    arch = arch or ("UNet" if info.task == "segmentation" else "DenseNet121")
+    role = ROLES[info.task]
+    table, what = role.networks, role.what
+    arch = arch or role.default
     if arch not in table:
         raise UserError(f"model.args.arch: {arch!r} is not a MONAI volume {what} trainforge builds; choose one of "
                         f"{', '.join(table)}")
@@ -108,7 +126,7 @@ def monai_network(info: DataInfo, arch: Optional[str] = None, **net_args: Any) -
     except (TypeError, ValueError, AssertionError) as e:
         raise UserError(f"model.args: MONAI's {arch} refused {net_args}: {e}") from None
     check_downsampling(model, tuple(info.input_shape[1:]), arch)
-    if info.task == "segmentation":  # trained on patches of info's size, evaluated on whole volumes
+    if role.whole_volumes:  # trained on patches of info's size, evaluated on whole volumes
         model = PatchInference(model, tuple(info.input_shape[1:]))
     return model, input_spec(info)
 
