@@ -10,7 +10,9 @@
 
 Row names are a stable contract (docs/architecture.md, "Contracts"; tests, the dashboard, tune and calibration read them). Train rows: split, step, epoch, loss, lr,
 samples_per_s, step_time_s, data_wait_frac, peak_mem_bytes, grad_norm. Val rows: split, step,
-epoch, loss and accuracy + macro_f1 (classification) or perplexity (lm).
+epoch, loss and the task's own metrics (`Task.metrics`: accuracy + macro_f1 for classification, perplexity for lm,
+map for detection, miou for segmentation, and those of any task a plug-in registers). Which metric a setting may
+name is the task's to say: `TASKS.get(task).check_metric(name, field)`.
 """
 from __future__ import annotations
 
@@ -34,14 +36,6 @@ from trainforge.tasks import TASKS, task_of  # noqa: E402,F401
 from trainforge.tasks.classification import (classification_metrics, confusion_counts,  # noqa: E402,F401
                                              per_class_scores)
 from trainforge.tasks.lm import lm_metrics  # noqa: E402,F401
-
-REPORTED = {name: TASKS.get(name).metrics for name in TASKS.names()}  # what evaluation reports, per task
-
-
-def check_metric(name: str, task: str, field: str) -> None:
-    """`name` is a metric evaluation reports for `task`, else UserError naming `field`."""
-    TASKS.get(task).check_metric(name, field)
-
 
 # ---------------------------------------------------------------- the metrics log
 

@@ -21,7 +21,6 @@ from trainforge.config import Config, OptimConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.stages.loader import epoch_samples
-from trainforge.engine.metrics import check_metric
 from trainforge.engine.optim import freeze
 from trainforge.engine.parallelize import find_blocks
 from trainforge.errors import UserError
@@ -124,7 +123,7 @@ def preflight(cfg: Config, *, world_size: int = 1, fit_stats: bool = True, store
         TASKS.get(data.info.task).check_loss(cfg.train.loss, "train.loss")
     if cfg.train.early_stopping is not None:
         if cfg.train.early_stopping.metric is not None:  # None: the task's default, which it reports
-            check_metric(cfg.train.early_stopping.metric, data.info.task, "train.early_stopping.metric")
+            TASKS.get(data.info.task).check_metric(cfg.train.early_stopping.metric, "train.early_stopping.metric")
     counts = None
     if cfg.train.class_weights is not None:
         counts = check_class_weights(cfg.train.class_weights, data)

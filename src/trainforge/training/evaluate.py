@@ -18,7 +18,6 @@ from trainforge.data.stages.loader import make_eval_loader
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device, supports_bf16
 from trainforge.training.artifacts import load_trained
-from trainforge.engine.metrics import REPORTED, check_metric  # noqa: F401
 from trainforge.tasks import task_of
 from trainforge.tasks.batch import to_device
 from trainforge.engine.precision import autocast, resolve_precision
