@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from trainforge.compression.artifact import INPUT_NAME, META_KEY, OUTPUT_NAME, artifact_meta
-from trainforge.compression.distill import kd_loss
+from trainforge.tasks import TASKS
 from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import prune_model
 from trainforge.compression.quantize import StaticInt8, choose_method, float_stems, quantize_onnx, weight_only_int8
@@ -83,20 +83,42 @@ def test_pruning_ratio_outside_0_1_is_a_user_error():
 
 
 def test_distillation_loss_terms():
+    """Task.distill_loss: classification's rows are samples, a language model's positions."""
+    task = TASKS.get("classification")
     g = torch.Generator().manual_seed(1)
     s, t = torch.randn(8, 5, generator=g), torch.randn(8, 5, generator=g)
     y = torch.randint(0, 5, (8,), generator=g)
+    batch = (torch.zeros(8, 1), y)
     # alpha 0: plain cross-entropy; alpha 1 with student == teacher: zero
-    assert torch.allclose(kd_loss(s, t, y, task="classification", temperature=3.0, alpha=0.0), F.cross_entropy(s, y))
-    assert kd_loss(t, t, y, task="classification", temperature=3.0, alpha=1.0).abs() < 1e-6
+    assert torch.allclose(task.distill_loss(s, t, batch, temperature=3.0, alpha=0.0), F.cross_entropy(s, y))
+    assert task.distill_loss(t, t, batch, temperature=3.0, alpha=1.0).abs() < 1e-6
     # the soft term is KL(teacher || student) at temperature T, scaled by T^2
     T = 2.0
     kl = (F.softmax(t / T, -1) * (F.log_softmax(t / T, -1) - F.log_softmax(s / T, -1))).sum(-1).mean() * T * T
-    assert torch.allclose(kd_loss(s, t, y, task="classification", temperature=T, alpha=1.0), kl, atol=1e-6)
+    assert torch.allclose(task.distill_loss(s, t, batch, temperature=T, alpha=1.0), kl, atol=1e-6)
     # language models: (batch, time, vocab) logits with (batch, time) targets
     s3, t3 = torch.randn(2, 4, 7, generator=g), torch.randn(2, 4, 7, generator=g)
     y3 = torch.randint(0, 7, (2, 4), generator=g)
-    assert kd_loss(s3, t3, y3, task="lm", temperature=2.0, alpha=0.5).isfinite()
+    lm = TASKS.get("lm")
+    assert lm.distill_loss(s3, t3, (torch.zeros(2, 4), y3), temperature=2.0, alpha=0.5).isfinite()
+
+
+def test_a_segmenters_distillation_is_over_the_class_dimension_of_each_pixel():
+    """Issue 51, item 2: (N, C, H, W) logits are compared pixel by pixel over C (the old reshape took the width)."""
+    task = TASKS.get("segmentation")
+    g = torch.Generator().manual_seed(2)
+    s, t = torch.randn(2, 3, 4, 5, generator=g), torch.randn(2, 3, 4, 5, generator=g)
+    y = torch.randint(0, 3, (2, 4, 5), generator=g)
+    T = 3.0
+    direct = torch.stack([  # per pixel, KL(softmax(t/T) || softmax(s/T)) over the 3 classes, then the mean of pixels
+        (F.softmax(t[n, :, i, j] / T, 0) * (F.log_softmax(t[n, :, i, j] / T, 0) - F.log_softmax(s[n, :, i, j] / T, 0)))
+        .sum() for n in range(2) for i in range(4) for j in range(5)]).mean() * T * T
+    soft = task.distill_loss(s, t, (torch.zeros(2, 3, 4, 5), y), temperature=T, alpha=1.0)
+    assert torch.allclose(soft, direct, atol=1e-6)
+    hard = task.distill_loss(s, t, (torch.zeros(2, 3, 4, 5), y), temperature=T, alpha=0.0)
+    assert torch.allclose(hard, task.training_loss(s, (None, y)), atol=1e-6)
+    assert TASKS.get("detection").distill_refusal and "no distillation" in TASKS.get("detection").distill_refusal
+    assert task.distill_refusal is None and TASKS.get("classification").distill_refusal is None
 
 
 def test_int8_method_follows_the_model_type():

@@ -34,9 +34,10 @@ def test_loss_and_model_hooks_replace_the_defaults(tmp_path):
     calls = []
     built = []
 
-    def loss(logits, x, y):
+    def loss(output, batch):  # the task's batch, whatever its inputs: here digits' (x, y)
+        x, y = batch
         calls.append(x.shape[0])
-        return task_loss(logits, y, "classification")
+        return task_loss(output.float(), y, "classification")
 
     def make(info):
         cfg = trainforge.load_config("digits_cnn", ["model.args.channels=[8,16]"]).model

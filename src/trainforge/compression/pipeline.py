@@ -95,6 +95,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     task = task_of(info)
     if task.export_refusal is not None:
         raise UserError(f"{checkpoint}: a {task.name} model; {task.export_refusal}")
+    if options.distill and task.distill_refusal is not None:
+        raise UserError(f"--distill: {task.distill_refusal}")
     signature = task.export_signature(info)
     test, calibration = load_splits(cfg, options.calibration_samples, trained.preprocess, task, info)
     model = trained.build_model().eval()
@@ -136,7 +138,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         pruning = {k: v for k, v in dataclasses.asdict(result).items() if k != "model"}
         pruned_model = result.model
         if options.finetune_epochs > 0:
-            pruned_model, finetune = fine_tune(result, model, cfg, info.task, out_dir / "finetune", options, log,
+            pruned_model, finetune = fine_tune(result, model, cfg, task, out_dir / "finetune", options, log,
                                                observer)
         pruned_model.eval()
         pruned_path = export_onnx(pruned_model, example, out_dir / FILE_NAMES["pruned"], meta("pruned"), signature)
@@ -289,7 +291,7 @@ def torch_logits(model: nn.Module, inputs: np.ndarray, batch_size: int = 256) ->
         return torch.cat([model(torch.from_numpy(inputs[i:i + batch_size])) for i in range(0, len(inputs), batch_size)]).numpy()
 
 
-def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_dir: Path, options: CompressOptions,
+def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: Task, run_dir: Path, options: CompressOptions,
               log: Callable[[str], None], observer: Optional[RunObserver] = None) -> tuple[nn.Module, dict[str, Any]]:
     """Train the pruned model through the normal loop (resumable, checkpointed, reported) in `run_dir`."""
     d = cfg.model_dump(mode="json")
@@ -301,8 +303,7 @@ def fine_tune(result: PruneResult, teacher: nn.Module, cfg: Any, task: str, run_
     ft_cfg = config_from_dict(d)
     loss = None
     if options.distill:
-        loss = distillation_loss(copy.deepcopy(teacher), task=task,
-                                 temperature=options.temperature, alpha=options.alpha)
+        loss = distillation_loss(copy.deepcopy(teacher), task, temperature=options.temperature, alpha=options.alpha)
     log(f"fine-tuning the pruned model for {options.finetune_epochs} epoch(s){' with distillation' if loss else ''} in {run_dir}")
     skeleton = result.model
     hooks = FitHooks(build_model=lambda info: copy.deepcopy(skeleton), loss=loss, observer=observer)  # as any run

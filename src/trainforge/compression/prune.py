@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -59,7 +60,8 @@ def prune_model(model: nn.Module, example: torch.Tensor, ratio: float) -> PruneR
     check_prunable(model)
     pruned = copy.deepcopy(model).cpu().eval()
     example = example[:1].cpu()
-    roots = prunable_layers(pruned)
+    output_layer = last_layer_run(pruned, example)
+    roots = [m for m in prunable_layers(pruned) if m is not output_layer]  # a segmenter's classes stay its classes
     if not roots:
         raise PruningUnsupported(f"--prune: {type(model).__name__} has no convolution or feed-forward channels to "
                                  f"prune; pruning skipped ({INSTEAD}, or use --prune 0)")
@@ -91,6 +93,22 @@ def prune_model(model: nn.Module, example: torch.Tensor, ratio: float) -> PruneR
                                  f"and feed-forward layers are coupled to widths that must stay); pruning skipped "
                                  f"({INSTEAD}, or use --prune 0)")
     return PruneResult(pruned, ratio, params_before, params_after, flops_before, flops_after)
+
+
+def last_layer_run(model: nn.Module, example: torch.Tensor) -> Optional[nn.Module]:
+    """The convolution or Linear that runs last on `example`: the layer whose output channels are the model's outputs
+    (a classifier's classes, a segmenter's per-pixel classes, after which only resizing follows), which pruning must
+    keep whole."""
+    ran: list[nn.Module] = []
+    hooks = [m.register_forward_hook(lambda module, _i, _o: ran.append(module)) for m in model.modules()
+             if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))]
+    try:
+        with torch.no_grad():
+            model(example)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return ran[-1] if ran else None
 
 
 def check_prunable(model: nn.Module) -> None:

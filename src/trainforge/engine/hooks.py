@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from trainforge.config import Config
     from trainforge.data.base import DataInfo
 
-LossFn = Callable[["torch.Tensor", "torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+LossFn = Callable[[Any, Any], "torch.Tensor"]  # (the model's output, the task's batch) -> the scalar to backpropagate
 
 
 class RunObserver(Protocol):
@@ -43,7 +43,8 @@ class FitHooks:
     """How another stage (tune, compress, tracking) steers or watches one run without a second loop.
 
     build_model(info) -> nn.Module replaces the registry model (e.g. a pruned network; it must build the
-        same architecture on resume). loss(logits, x, y) -> scalar replaces the task loss (e.g. distillation).
+        same architecture on resume). loss(output, batch) -> scalar replaces the task loss (e.g. distillation): the model's output and the task's
+        batch as its collate made it, whatever the task's inputs are.
     on_eval(step, val_metrics) -> True ends the run after that evaluation with status "pruned" (a tuner's
         pruner); no final model is written then.
     observer: watches the run from rank 0 (`tracking.tracked(hooks)` adds the MLflow mirror of log.mlflow).

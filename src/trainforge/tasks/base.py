@@ -84,6 +84,15 @@ class Task:
     # the training loss weighs classes (`train.class_weights`: training_loss takes class_weights, one per class)
     class_weighted: bool = False
 
+    @property
+    def distill_refusal(self) -> Optional[str]:  # a subclass may set a class attribute instead
+        """None when `compress --distill` can train a student of this task from its teacher (it defines
+        `class_logits`), else why not (one line, said before anything is pruned)."""
+        if type(self).class_logits is not Task.class_logits:
+            return None
+        return f"{self.title or self.name} defines no distillation; drop --distill (the pruned model is fine-tuned " \
+               "with the task's own loss)"
+
     # ---- metrics
     def direction(self, metric: str) -> str:
         """"max" or "min": which way `metric` improves."""
@@ -127,6 +136,19 @@ class Task:
         """The scalar the loop backpropagates: the task's loss of the float output (a model's own loss dict, summed);
         `loss`: one of `losses` (train.loss), None for the default."""
         return self.loss(output.float(), self.target(batch), label_smoothing=label_smoothing)
+
+    # ---- distillation (compress --prune --distill)
+    def class_logits(self, output: "torch.Tensor") -> "torch.Tensor":
+        """The output as rows of class logits, (rows, classes): what distillation's KL term compares, row by row."""
+        raise NotImplementedError
+
+    def distill_loss(self, output: Any, teacher_output: Any, batch: Any, *, temperature: float,
+                     alpha: float) -> "torch.Tensor":
+        """alpha * KL(softmax(teacher/T) || softmax(student/T)) * T^2 + (1 - alpha) * the task's own loss (Hinton et
+        al. 2015; T^2 keeps the soft term's gradients on the hard term's scale), the KL over the class dimension of
+        each row `class_logits` makes (a sample, a token, a pixel), averaged over rows."""
+        soft = soft_kl(self.class_logits(output.float()), self.class_logits(teacher_output.float()), temperature)
+        return alpha * soft + (1.0 - alpha) * self.training_loss(output, batch)
 
     def example_batch(self, info: Any, inputs: Any, batch_size: int) -> Any:
         """The batch the planner simulates and `micro_batch_size: auto` sizes, around the model's example `inputs`
@@ -216,6 +238,15 @@ class Task:
         detector's boxes drawn on its image, a volume's mask over a slice), or None. `sample` and `output`: the one
         sample's inputs as the graph took them and its outputs as `serve` gave them; `prediction`: its report."""
         return None
+
+
+def soft_kl(student: "torch.Tensor", teacher: "torch.Tensor", temperature: float) -> "torch.Tensor":
+    """KL(softmax(teacher/T) || softmax(student/T)) * T^2 over the last dimension, averaged over the rows."""
+    import torch.nn.functional as F
+
+    t = float(temperature)
+    return F.kl_div(F.log_softmax(student / t, dim=-1), F.log_softmax(teacher / t, dim=-1), reduction="batchmean",
+                    log_target=True) * (t * t)
 
 
 class Evaluation:

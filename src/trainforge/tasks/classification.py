@@ -169,6 +169,9 @@ class Classification(Task):
 
         return F.cross_entropy(output, target, label_smoothing=label_smoothing, reduction=reduction)
 
+    def class_logits(self, output):
+        return output.reshape(-1, output.shape[-1])  # (N, classes)
+
     def training_loss(self, output, batch, *, label_smoothing=0.0, loss=None, class_weights=None):
         """Cross-entropy; with `class_weights` (train.class_weights) each sample weighs its class's weight and the
         mean is over the weights (torch's weighted cross-entropy)."""

@@ -58,6 +58,10 @@ class Detection(Task):
     export_batch_size = 1  # the graph takes one image; serve calls it once per image
     prediction_columns = ("objects",)
 
+    distill_refusal = ("detection defines no distillation: a detector's outputs are boxes, scores and a loss dict, not "
+                       "rows of class logits; drop --distill (the pruned model is fine-tuned with the detector's own "
+                       "losses)")
+
     def collate(self, samples: list) -> tuple[Any, list[dict[str, "torch.Tensor"]]]:
         import torch
 

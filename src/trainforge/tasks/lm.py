@@ -36,6 +36,9 @@ class LanguageModelling(Task):
         return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1),
                                label_smoothing=label_smoothing, reduction=reduction)
 
+    def class_logits(self, output):
+        return output.reshape(-1, output.shape[-1])  # (N * T, vocabulary): a row a position
+
     def evaluation(self, info: Any) -> Evaluation:
         return PerplexityEvaluation(self)
 

@@ -56,6 +56,9 @@ class Segmentation(Task):
             value = value + self.loss(output, target, label_smoothing=label_smoothing)
         return value
 
+    def class_logits(self, output):
+        return output.movedim(1, -1).reshape(-1, output.shape[1])  # (N, C, *spatial) -> a row a pixel (voxel)
+
     def evaluation(self, info: Any) -> Evaluation:
         return SegmentationEvaluation(self, tuple(info.class_names) or tuple(map(str, range(info.num_classes))))
 

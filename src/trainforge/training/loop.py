@@ -268,7 +268,7 @@ def forward_backward(step_model: nn.Module, batches: Iterator, strategy: Strateg
                 with autocast(device, setup.precision):
                     output = task.forward(step_model, batch)
                 if loss_fn is not None:
-                    loss = loss_fn(output.float(), task.inputs(batch), task.target(batch)) / accumulation
+                    loss = loss_fn(output, batch) / accumulation
                 else:
                     named: dict[str, Any] = {} if loss_name is None else {"loss": loss_name}  # a plug-in task of one loss takes none
                     if class_weights is not None:
