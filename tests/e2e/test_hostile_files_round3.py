@@ -265,3 +265,14 @@ def test_files_that_claimed_gigabytes_cost_a_child_under_3_gb(tmp_path):
     code, err, rss = run_child(["coco_detection_finetune", "data.source=voc", f"data.path={voc}"], tmp_path / "c")
     assert code == 2 and "declares a DOCTYPE" in err and "Traceback" not in err and rss < MAX_RSS_BYTES, (rss, err)
     assert len(err) < 4000  # the line, not the expansion
+
+    # a mask whose one value is 2e9 (a class count of 2e9 would be 15 GiB)
+    masks = tmp_path / "masks"
+    (masks / "masks").mkdir(parents=True)
+    for i in range(4):
+        png(masks / "images" / f"{i}.png", i)
+        Image.fromarray(np.full((8, 8), 2_000_000_000 if i == 0 else 0, np.int32), mode="I").save(
+            masks / "masks" / f"{i}.png", format="TIFF")
+    code, err, rss = run_child(["segmentation_finetune", "data.source=masks", f"data.path={masks}",
+                                "data.args={classes: [background, box], image_size: 8}"], tmp_path / "d")
+    assert code == 2 and "values 2000000000" in err and "Traceback" not in err and rss < MAX_RSS_BYTES, (rss, err)
