@@ -118,3 +118,27 @@ def test_a_huge_metrics_file_costs_a_poll_only_what_is_new(tmp_path):
         assert len(polled["train"]) <= MAX_POINTS + 1
     metrics.write_text('{"split": "train", "step": 1, "loss": 2.0}\n')  # replaced (a restarted run): read anew
     assert [p["step"] for p in series(tmp_path)["train"]] == [1]
+
+
+def test_a_task_registered_after_import_is_charted_on_the_job_page(tmp_path):
+    """Issue 51, item 3: the dashboard's chart list is read from the registry when a page asks, so a task a plug-in
+    module registers after trainforge was imported is charted (the page draws the first of `charts` its rows have)."""
+    from trainforge.jobs.progress import chart_metrics, series
+    from trainforge.tasks import TASKS, register_task
+    from trainforge.tasks.classification import Classification
+
+    class Widgets(Classification):
+        name = "widget_sorting"
+        title = "widget sorting"
+        description = "test only"
+        chart_metrics = ("widgetness",)
+
+    assert "widgetness" not in chart_metrics()
+    register_task(Widgets)
+    try:
+        (tmp_path / "metrics.jsonl").write_text('{"split": "train", "step": 1, "loss": 1.0}\n'
+                                                '{"split": "val", "step": 1, "loss": 0.9, "widgetness": 0.25}\n')
+        assert "widgetness" in chart_metrics() and chart_metrics()[:3] == ["accuracy", "macro_f1", "perplexity"]
+        assert series(tmp_path)["val"] == [{"step": 1, "loss": 0.9, "widgetness": 0.25}]
+    finally:
+        TASKS._entries.pop(Widgets.name)  # the other tests of this process see the shipped tasks only

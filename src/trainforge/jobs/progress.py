@@ -43,6 +43,12 @@ def chart_keys() -> tuple[str, ...]:
                                              if m not in BASE_CHART_KEYS))
 
 
+def chart_metrics() -> list[str]:
+    """The validation metrics a job page charts beside the loss, in the order it prefers them: classification's and
+    perplexity, then every registered task's own (read now: a plug-in task's too)."""
+    return [k for k in chart_keys() if k not in ("loss", "lr")]
+
+
 def read_picture(run_dir: Path) -> Optional[bytes]:
     """The run's validation picture (val_images.png), or None when there is none yet or it is not one. The run
     directory is written by the job: the file is opened without following a link, must be a regular file under

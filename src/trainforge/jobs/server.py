@@ -51,7 +51,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from trainforge.config import MAX_YAML_BYTES, builtin_recipes, describe_character
 from trainforge.errors import HIDDEN_CATEGORIES, UserError, clip_message
 from trainforge.jobs.peers import submitter
-from trainforge.jobs.progress import MAX_POINTS, read_log, read_picture, series
+from trainforge.jobs.progress import MAX_POINTS, chart_metrics, read_log, read_picture, series
 from trainforge.jobs.service import JobNotFound, JobService, Submission
 from trainforge.jobs.sizing import Busy
 from trainforge.jobs.store import Job
@@ -174,6 +174,7 @@ class MetricsOut(BaseModel):
     val: list[dict[str, Any]]
     progress: Progress
     unreadable: Optional[str] = None
+    charts: list[str] = []  # the validation metrics the job page charts, in order (every registered task's, now)
 
 
 def create_app(service: JobService, *, token: Optional[str] = None, allowed_hosts: Optional[list[str]] = None,
@@ -264,7 +265,7 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
     @app.get("/api/jobs/{job_id}/metrics", response_model=MetricsOut)
     def metrics(job_id: int = JobId) -> dict[str, Any]:
         job = service.get(job_id)
-        return {**series(Path(job.run_dir)), "progress": service.view(job)["progress"]}
+        return {**series(Path(job.run_dir)), "progress": service.view(job)["progress"], "charts": chart_metrics()}
 
     @app.get("/api/jobs/{job_id}/val_images.png", response_class=Response,
              responses={200: {"content": {"image/png": {}}}, 404: {"description": "no validation picture yet"}})

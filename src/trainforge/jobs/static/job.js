@@ -18,8 +18,7 @@
       { name: "train loss", points: pts(m.train, "loss") },
       { name: "val loss", points: pts(m.val, "loss") },
     ]);
-    const key = ["accuracy", "macro_f1", "perplexity", "map", "miou"].find(
-      (k) => m.val.some((r) => typeof r[k] === "number"));
+    const key = (m.charts || []).find((k) => m.val.some((r) => typeof r[k] === "number"));
     if (key) {
       document.getElementById("metric-caption").textContent = "validation " + key;
       const series = [{ name: "val " + key, points: pts(m.val, key) }];
