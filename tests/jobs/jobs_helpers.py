@@ -107,7 +107,7 @@ def stop_all_jobs(service) -> None:
     if jobs_root.is_dir():
         for job_dir in jobs_root.iterdir():
             kill_leftovers(job_dir / "run")
-    for popen in list(service._popens.values()):
+    for popen in list(getattr(service.backend, "popens", {}).values()):
         popen.wait(timeout=10)
 
 

@@ -129,12 +129,12 @@ def test_the_services_placement_decides_the_slots(tmp_path, monkeypatch, placeme
     """Jobs of 10, 30 and 30 GiB on two 40 GiB slots (the issue's example): spread by default, pack on request."""
     kwargs = {} if placement is None else {"placement": placement}
     service = make_service(tmp_path, "cpu:2", slot_memory_gb=40.0, **kwargs)
-    monkeypatch.setattr(service, "_launch", lambda job: None)  # where jobs go, not running them
+    monkeypatch.setattr(service.backend, "_launch", lambda job: None)  # where jobs go, not running them
     for gib in (10, 30, 30):
         service.store.create(job_dir_for=lambda i: str(service.paths(i).path), name="j", recipe="digits_cnn",
                              overrides=[], config_yaml="name: j\n", num_gpus=1, priority=0, max_restarts=0,
                              memory_bytes=gib * 2**30, total_steps=20)
-    service._schedule()
+    service.backend.schedule()
     assert [(j.state, j.slots) for j in service.store.list()] == [("running", [f"cpu{s}"]) for s in expected]
 
 

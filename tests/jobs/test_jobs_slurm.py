@@ -223,7 +223,7 @@ def test_slurm_refusing_a_job_fails_it_with_slurms_line(slurm_service, slurm_clu
     """A partition removed after the server started: sbatch refuses, the job fails with Slurm's reason, the queue
     goes on."""
     svc = slurm_service()
-    svc.cluster.engine = Slurm(SlurmSettings(partition="gone"), env=slurm_cluster.env)
+    svc.backend.engine = Slurm(SlurmSettings(partition="gone"), env=slurm_cluster.env)
     job = _submit(svc, 12)
     done = _wait_state(svc, job.id, ("failed", "succeeded"), timeout_s=60)
     assert done.state == "failed" and "Slurm refused the job" in done.reason and "partition" in done.reason.lower()
@@ -275,7 +275,7 @@ def test_slurm_jobs_survive_a_server_restart_and_none_is_submitted_twice(slurm_c
     # a second job, handed to Slurm the way the server does, as if the server died before writing the id down
     orphan = first.submit(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
     name = engine_name_of(first.state_dir, orphan.id, 1)
-    first.cluster._submit(first.get(orphan.id), name)
+    first.backend._submit(first.get(orphan.id), name)
     assert first.get(orphan.id).backend_id is None
     first.store.close()
 

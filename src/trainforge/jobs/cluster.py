@@ -39,7 +39,7 @@ from trainforge.files import read_regular, write_text_atomic
 from trainforge.jobs import runner
 from trainforge.jobs.environment import private_cache_env
 from trainforge.jobs.slurm import EngineDown, EngineJob, EngineRefused, Slurm, SlurmSettings
-from trainforge.jobs.store import Job
+from trainforge.jobs.store import FINAL_STATES, Job
 from trainforge.launch.manifests import JobSpec, render
 from trainforge.layout import JOB_CONFIG
 
@@ -149,6 +149,17 @@ class ClusterBackend:
     @property
     def store(self):
         return self.service.store
+
+    @property
+    def name(self) -> str:
+        return self.engine.name
+
+    def origin(self, job: Job) -> str:
+        """The engine's name; `local` for a job that ended on the machine before the server moved to the engine (it
+        ran, and no engine ever had it)."""
+        if job.backend_id is None and job.attempt > 0 and job.state in FINAL_STATES:
+            return "local"
+        return self.name
 
     def _fence_checks(self) -> None:
         """Ask the engine for its daemons' ports (until it has answered once) and keep the admission checks from
@@ -297,8 +308,14 @@ class ClusterBackend:
     # ------------------------------------------------------------ cancel
 
     def cancel(self, job: Job) -> Job:
-        """A job the engine holds: marked, then cancelled in the engine (SIGTERM: it checkpoints); it turns
-        `cancelled` when the engine says it ended. A controller that is down gets the cancel when it is back."""
+        """A queued job the engine does not have yet: cancelled now. One the engine holds: marked, then cancelled in
+        the engine (SIGTERM: it checkpoints); it turns `cancelled` when the engine says it ended. A controller that
+        is down gets the cancel when it is back. A job that has ended: nothing to do."""
+        if job.state not in ("queued", "running"):
+            return job
+        if not job.backend_id:
+            self.store.finish(job.id, "cancelled", "cancelled by the user")
+            return self.service.get(job.id)
         self.store.request_cancel(job.id)
         self._send_cancel(job)
         return self.service.get(job.id)

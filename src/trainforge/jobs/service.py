@@ -29,8 +29,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -53,11 +51,12 @@ from trainforge.jobs import sandbox
 from trainforge.jobs.environment import inherited_env, model_caches, tracking_secrets, uri_allowed
 from trainforge.jobs.pretrained import hub_env
 from trainforge.jobs.progress import progress
-from trainforge.jobs.scheduler import PLACEMENTS, Pending, Placed, assign, check_placement, never_fits
+from trainforge.jobs.scheduler import PLACEMENTS, check_placement, never_fits
 from trainforge.jobs.sizing import DEFAULT_MEMORY_BYTES, DEFAULT_PARALLEL, DEFAULT_TIMEOUT_S, Busy, SizeChecker
 from trainforge.jobs.slots import Slot, gpu_stats
 from trainforge.jobs.store import FINAL_STATES, Job, Store
 from trainforge.jobs.cluster import ClusterBackend
+from trainforge.jobs.local import Backend, LocalBackend
 
 if TYPE_CHECKING:
     from trainforge.jobs.admission import Admitted
@@ -129,8 +128,6 @@ class JobService:
                                    allow_hub_downloads=allow_hub_downloads, caches=list(self.caches.values()),
                                    sandboxed=sandboxed, prepared=self.prepared)
         self._lock = threading.RLock()
-        self._popens: dict[int, subprocess.Popen] = {}
-        self._cancel_deadline: dict[int, float] = {}
         self._admitted: OrderedDict[str, Admitted] = OrderedDict()
         self._refused: OrderedDict[str, tuple[float, str]] = OrderedDict()  # key -> (when, the public line)
         self._admitted_lock = threading.Lock()
@@ -140,21 +137,19 @@ class JobService:
         self._admit_pool = ThreadPoolExecutor(2 * admission_parallel + 2, thread_name_prefix="trainforge-admit")
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        # a cluster engine (jobs/cluster.py) places and runs the jobs; None: this machine's slots (the local backend)
-        self.cluster = ClusterBackend(self, engine, engine_poll_s) if engine is not None else None
+        # who places and runs the jobs: this machine's slots (jobs/local.py), or a cluster engine (jobs/cluster.py)
+        self.backend: Backend = LocalBackend(self) if engine is None else ClusterBackend(self, engine, engine_poll_s)
 
     # ------------------------------------------------------------ paths and views
 
     @property
     def backend_name(self) -> str:
-        return "local" if self.cluster is None else self.cluster.engine.name
+        return self.backend.name
 
     def backend_of(self, job: Job) -> str:
-        """Where the job runs or ran: a job that ended on this machine before the server moved to a cluster engine
-        (it ran, and no engine ever had it) stays `local`."""
-        if self.cluster is not None and job.backend_id is None and job.attempt > 0 and job.state in FINAL_STATES:
-            return "local"
-        return self.backend_name
+        """Where the job runs or ran (a job that ended on this machine before the server moved to a cluster engine
+        stays `local`)."""
+        return self.backend.origin(job)
 
     def paths(self, job_id: int) -> JobDir:
         return JobDir(self.state_dir / "jobs" / str(job_id))
@@ -255,21 +250,10 @@ class JobService:
         return await asyncio.get_running_loop().run_in_executor(self._admit_pool, partial(self.submit, sub))
 
     def cancel(self, job_id: int) -> Job:
-        """Queued: cancelled now. Running: SIGTERM to its process group (the trainer checkpoints and exits);
-        the job turns cancelled when the process has ended (SIGKILL after cancel_grace_s)."""
+        """Queued: cancelled now. Running: the backend stops it (the trainer checkpoints and exits; SIGKILL after
+        a grace); the job turns cancelled when it has ended."""
         with self._lock:
-            job = self.get(job_id)
-            if self.cluster is not None and job.backend_id and job.state in ("queued", "running"):
-                return self.cluster.cancel(job)
-            if job.state == "queued":
-                self.store.finish(job_id, "cancelled", "cancelled by the user")
-            elif job.state == "running":
-                self.store.request_cancel(job_id)
-                if job.pid:
-                    runner.signal_job(job.pid, signal.SIGTERM)
-                self._cancel_deadline[job_id] = time.monotonic() + self.cancel_grace_s
-                self.note(job_id, "cancel requested: SIGTERM sent to the job's processes")
-            return self.get(job_id)
+            return self.backend.cancel(self.get(job_id))
 
     # ------------------------------------------------------------ the loop
 
@@ -294,79 +278,14 @@ class JobService:
             self._stop.wait(self.poll_s)
 
     def tick(self) -> None:
-        """Watch running jobs (ended? cancel overdue?), then start what fits."""
+        """Watch running jobs (ended? cancel overdue?), then start (or hand over) what fits."""
         with self._lock:
-            if self.cluster is not None:
-                self.cluster.tick()
-                return
-            for job in self.store.running():
-                self._watch(job)
-            self._schedule()
+            self.backend.tick()
 
     def reconcile(self) -> None:
-        """Make the table agree with the processes that exist, before anything new is started."""
+        """Make the table agree with the processes (or the engine's jobs) that exist, before anything new starts."""
         with self._lock:
-            if self.cluster is not None:
-                self.cluster.reconcile()
-                return
-            for job in self.store.running():
-                paths = self.paths(job.id)
-                if job.pid and runner.is_ours(job.pid, job.pid_start_ticks, paths.run):
-                    self.note(job.id, f"adopted by a restarted server (pid {job.pid})")
-                    continue
-                if self._readopt(job):
-                    continue
-                if job.pid is None and runner.read_exit(paths, job.attempt) is None:
-                    # claimed but never started (the server died in between): no attempt to count
-                    self.store.requeue(job.id, job.reason, count_restart=False, resume=job.resume)
-                    continue
-                self._ended(job, None)
-
-    def _readopt(self, job: Job) -> bool:
-        """Another live process of the job (e.g. started just before a crash): watch that one."""
-        pids = runner.job_processes(self.paths(job.id).run)
-        if not pids:
-            return False
-        leader = next((p for p in pids if _pgid(p) == p), pids[0])
-        self.store.set_process(job.id, leader, runner.start_ticks(leader))
-        self.note(job.id, f"adopted process {leader} of this job")
-        return True
-
-    def _watch(self, job: Job) -> None:
-        popen = self._popens.get(job.id)
-        if popen is not None:
-            alive = popen.poll() is None
-        else:
-            alive = runner.is_ours(job.pid, job.pid_start_ticks, self.paths(job.id).run)
-            if not alive and self._readopt(job):
-                return
-        if alive:
-            if job.cancel_requested:
-                self._push_cancel(job)
-            return
-        wrapper_rc = popen.returncode if popen is not None else None
-        self._ended(job, wrapper_rc)
-
-    def _push_cancel(self, job: Job) -> None:
-        deadline = self._cancel_deadline.get(job.id)
-        if deadline is None:  # requested before a server restart: ask again
-            runner.signal_job(job.pid, signal.SIGTERM)
-            self._cancel_deadline[job.id] = time.monotonic() + self.cancel_grace_s
-        elif time.monotonic() > deadline:
-            self.note(job.id, f"no exit {self.cancel_grace_s:.0f} s after SIGTERM: SIGKILL")
-            runner.signal_job(job.pid, signal.SIGKILL)
-            self._cancel_deadline[job.id] = time.monotonic() + self.cancel_grace_s
-
-    def _ended(self, job: Job, wrapper_rc: Optional[int]) -> None:
-        """An attempt is over: decide succeeded / cancelled / restart / failed."""
-        paths = self.paths(job.id)
-        self._popens.pop(job.id, None)
-        self._cancel_deadline.pop(job.id, None)
-        runner.kill_leftovers(paths.run)  # e.g. an orphaned torchrun worker: never two attempts at once
-        rc = runner.read_exit(paths, job.attempt)
-        if rc is None and wrapper_rc is not None and wrapper_rc < 0:
-            rc = wrapper_rc  # the wrapper itself was killed (and took the trainer with it)
-        self.settle(job, rc)
+            self.backend.reconcile()
 
     def settle(self, job: Job, rc: Optional[int], outcome: Optional[runner.Outcome] = None) -> None:
         """Record how an ended attempt came out (`rc`: the trainer's exit status, None when unknown): succeeded,
@@ -400,18 +319,6 @@ class JobService:
                 fit.append(job)
         return fit
 
-    def _schedule(self) -> None:
-        queued = self.store.queued()
-        if not queued:
-            return
-        capacity = {s.id: s.memory_bytes for s in self.slots}
-        queued = self.drop_unfit(queued)
-        running = [Placed(tuple(j.slots), j.memory_bytes) for j in self.store.running()]
-        pending = [Pending(j.id, j.priority, j.num_gpus, j.memory_bytes) for j in queued]
-        for job_id, slot_ids in assign(pending, capacity, running, self.placement):
-            if self.store.claim(job_id, slot_ids):
-                self._launch(self.get(job_id))
-
     def prepare(self, job: Job) -> JobDir:
         """The job's folder for a new attempt: its frozen recipe, its run and temp folders, its fence."""
         paths = self.paths(job.id)
@@ -423,24 +330,6 @@ class JobService:
         if self.sandboxed:
             self.policy(paths).save(paths.sandbox)
         return paths
-
-    def _launch(self, job: Job) -> None:
-        slots = [self.slot_by_id[s] for s in job.slots]
-        try:
-            paths = self.prepare(job)
-            argv = runner.train_argv(self.python, paths, slots, resume=job.resume)
-            header = (f"attempt {job.attempt} on {', '.join(job.slots)} at {time.strftime('%Y-%m-%d %H:%M:%S')}: "
-                      f"{' '.join(argv[1:])}")
-            popen = runner.start_attempt(paths, runner.wrapped_argv(self.python, paths, job.attempt, argv,
-                                                                    sandboxed=self.sandboxed),
-                                         runner.job_env(self.job_env(job), slots, paths), header)
-        except OSError as e:
-            self.store.finish(job.id, "failed", f"cannot start the job's process: {e}")
-            log.error("job %d: cannot start: %s", job.id, e)
-            return
-        self._popens[job.id] = popen
-        self.store.set_process(job.id, popen.pid, runner.start_ticks(popen.pid))
-        log.info("job %d attempt %d started on %s (pid %d)", job.id, job.attempt, ",".join(job.slots), popen.pid)
 
     def policy(self, paths: JobDir) -> sandbox.Policy:
         """The job's fence: it writes its run directory and temp folder, reads its folder, the roots and caches."""
@@ -483,13 +372,6 @@ class JobService:
                           "jobs": [{"id": j.id, "name": j.name, "memory_bytes": j.memory_bytes} for j in jobs],
                           "live": live})
         return views
-
-
-def _pgid(pid: int) -> Optional[int]:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
 
 
 def private_dir(path: Path) -> None:
