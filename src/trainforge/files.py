@@ -20,6 +20,7 @@ to reuse prepared data from without writing them ($TRAINFORGE_SHARED_HOME).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import threading
@@ -165,7 +166,7 @@ def open_regular(path: Path, *, follow_links: bool = False) -> int:
     except FileNotFoundError:
         raise
     except OSError as e:
-        if e.errno == 40:  # ELOOP: the last component is a symbolic link
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW: the last component is a symbolic link
             raise Unreadable(f"{Path(path).name} is a link, not a regular file") from None
         raise Unreadable(f"{Path(path).name} cannot be opened ({e.strerror})") from None
     mode = os.fstat(fd).st_mode
