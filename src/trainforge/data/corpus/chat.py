@@ -23,10 +23,8 @@ A sample is (x, y): x int64 (2, seq_len) = [token ids; position ids], y int64 (s
 """
 from __future__ import annotations
 
-import tempfile
 import warnings
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
@@ -36,8 +34,8 @@ from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import Pool, Samples
 from trainforge.data.text.chat_templates import DEFAULT_TEMPLATE, TEMPLATES
-from trainforge.data.text.tokenizer import ENCODE_CHUNK, TextTokenizer, tokenizer_note
-from trainforge.errors import UserError, quote
+from trainforge.data.text.tokenizer import ENCODE_CHUNK, TextTokenizer, tokenizer_note, transformers_tokenizer
+from trainforge.errors import quote
 
 IGNORE = -100  # the label of a position without loss (cross-entropy's ignore_index)
 
@@ -178,22 +176,6 @@ def tokenize_chat(pool: Pool, tok: TextTokenizer, stored: Optional[dict[str, Any
         facts["first_refused"] = refused
     pool.notes = {**pool.notes, "chat": facts, "tokenizer": tokenizer_note(tok, {})}
     return pool
-
-
-def transformers_tokenizer(tok: TextTokenizer) -> Any:
-    """The transformers tokenizer of `tok`'s files (the model's, or the stored ones), for apply_chat_template."""
-    from transformers import AutoTokenizer  # heavy: only for chat data
-
-    with tempfile.TemporaryDirectory() as tmp:
-        tok.save(Path(tmp))
-        try:  # the stored files: a tokenizer whose class is its own code is not rebuilt from them
-            return AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
-        except ValueError as e:
-            if "trust_remote_code" not in str(e):
-                raise
-            raise UserError(f"data.tokenizer: {tok.origin}'s tokenizer is a class of its own code; chat data needs a "
-                            "tokenizer transformers ships (use data.tokenizer: bpe, or another model's)",
-                            public=True) from None
 
 
 def choose_template(requested: str, hf: Any, stored: Optional[dict[str, Any]]) -> tuple[str, str]:

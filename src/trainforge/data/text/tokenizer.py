@@ -22,6 +22,8 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from trainforge.errors import UserError
+
 BPE_SPECIAL_TOKENS = ("<pad>", "<eos>")  # ids 0 and 1: padding 0 as for the byte tokenizer
 TOKENIZER_FILE = "tokenizer.json"
 SLOW_TOKENIZER_FILES = ("vocab.json", "vocab.txt", "merges.txt")  # tokenizer.json holds all of it for the fast one
@@ -154,3 +156,19 @@ def pretrained_tokenizer(source: str, field_name: str, trust_remote_code: bool =
     files[TOKENIZER_FILE] = tok.backend_tokenizer.to_str()
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     return TextTokenizer("model", files, pad_id=int(pad), eos_id=tok.eos_token_id, origin=source)
+
+
+def transformers_tokenizer(tok: TextTokenizer) -> Any:
+    """The transformers tokenizer of `tok`'s files (the model's, or the stored ones), for apply_chat_template."""
+    from transformers import AutoTokenizer  # heavy: only for chat data
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok.save(Path(tmp))
+        try:  # the stored files: a tokenizer whose class is its own code is not rebuilt from them
+            return AutoTokenizer.from_pretrained(tmp, trust_remote_code=False)
+        except ValueError as e:
+            if "trust_remote_code" not in str(e):
+                raise
+            raise UserError(f"data.tokenizer: {tok.origin}'s tokenizer is a class of its own code; chat data needs a "
+                            "tokenizer transformers ships (use data.tokenizer: bpe, or another model's)",
+                            public=True) from None
