@@ -6,6 +6,9 @@ through its `data.target` and `model.target` (tests put this folder on PYTHONPAT
     detection: boxes and labels, one to three per image (a list of dicts, one per image, as torchvision's detection
             targets are), and a model that returns its loss dict in training mode and its detections in eval mode,
             as torchvision's detectors do (issue 28).
+    waveform (a modality, issue 51 point 4): (2, 32) signals, channels first, classified by the frequency of channel
+            0; channel 1 is noise around 100. The pipeline fits per-channel normalization through the modality's
+            channel_view (-1, 1) and augments by its own time reversal (data.augment.hflip), naming no modality.
     volume: 5-D inputs (N, 1, D, H, W) with a class per voxel (issue 29's CT), trained on 8^3 patches and evaluated
             on 16^3 volumes by sliding-window inference over patches the size the model trained on.
 
@@ -26,6 +29,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainforge.data.base import DataBundle, DataInfo, InputInfo
+from trainforge.data.modalities import MODALITIES, Modality, register_modality
+from trainforge.data.samples import Pool
+from trainforge.data.pool import TensorSamples
 from trainforge.models.base import InputSpec, NamedInputs
 from trainforge.tasks import TASKS, Evaluation, Task, register_task
 from trainforge.tasks.base import ExportSignature
@@ -424,4 +430,54 @@ def volume_data(num_samples: int = 128, seed: int = 0) -> DataBundle:
 def volume_model(info: DataInfo, width: int = 16) -> tuple[nn.Module, InputSpec]:
     model = nn.Sequential(nn.Conv3d(1, width, 3, padding=1), nn.ReLU(), nn.Conv3d(width, width, 3, padding=1),
                           nn.ReLU(), nn.Conv3d(width, 2, 1))
+    return model, InputSpec(tuple(info.input_shape), torch.float32)
+
+
+# ---- a modality: waveforms (C, T) -------------------------------------------------------------------------------
+
+WAVE = (2, 32)  # channels, time steps
+
+
+class TimeReversal:
+    """data.augment.hflip on a waveform: the signal reversed in time with that probability, drawn from `g`."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def __call__(self, x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        return x.flip(-1) if float(torch.rand((), generator=g)) < self.p else x
+
+
+class Waveform(Modality):
+    name = "waveform"
+    description = "sampled signals (C, T): normalized per channel, reversed in time (test only)"
+    spatial_dims = 1
+    scaled = True
+
+    def augmenter(self, cfg: Any, info: Any, value_range: tuple[float, float], task: Any) -> tuple[Any, tuple[str, ...], str]:
+        return (TimeReversal(cfg.hflip) if cfg.hflip else None), ("hflip",), "a waveform takes data.augment.hflip"
+
+
+if "waveform" not in MODALITIES:
+    register_modality(Waveform)
+
+
+def waveform_data(num_samples: int = 256, seed: int = 0) -> Pool:
+    """Label 1: channel 0 is a sine of 6 cycles over the window, label 0: of 1 cycle (random phase, noise); time
+    reversal keeps the label. Channel 1 is 100 + 10 * noise: only per-channel normalization makes both comparable."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 2, (num_samples,), generator=g)
+    t = torch.arange(WAVE[1], dtype=torch.float32) / WAVE[1]
+    phase = torch.rand((num_samples, 1), generator=g) * 2 * math.pi
+    cycles = torch.where(labels == 1, 6.0, 1.0)[:, None]
+    signal = torch.sin(2 * math.pi * cycles * t + phase) + 0.1 * torch.randn((num_samples, WAVE[1]), generator=g)
+    x = torch.stack([signal, 100 + 10 * torch.randn((num_samples, WAVE[1]), generator=g)], dim=1)
+    info = DataInfo("classification", "waveform", WAVE, "float32", 2, ("slow", "fast"))
+    return Pool(info, TensorSamples(x, labels), labels=labels.numpy(), rows_read=num_samples)
+
+
+def waveform_model(info: DataInfo, width: int = 16) -> tuple[nn.Module, InputSpec]:
+    model = nn.Sequential(nn.Conv1d(info.input_shape[0], width, 5, padding=2), nn.ReLU(),
+                          nn.Conv1d(width, width, 5, padding=2), nn.ReLU(), nn.AdaptiveAvgPool1d(1), nn.Flatten(),
+                          nn.Linear(width, info.num_classes))
     return model, InputSpec(tuple(info.input_shape), torch.float32)

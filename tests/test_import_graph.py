@@ -193,7 +193,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]
 # the CLI are the top.
 LAYERS = [
     ("foundations", {"errors", "files", "registry", "imports", "metrics_file", "integrity", "console", "config",
-                     "hardware", "confine", "hub", "layout"}),
+                     "hardware", "confine", "hub", "layout", "weights"}),
     ("tasks", {"tasks"}),
     ("data and models", {"data", "models"}),
     ("engine", {"engine"}),
@@ -334,6 +334,7 @@ DATA_LAYERS = [
     ("pool", {"pool"}),
     ("texts made samples", {"corpus"}),
     ("sources", {"sources"}),
+    ("modalities", {"modalities"}),
     ("pipeline", {"pipeline"}),
     ("prepare", {"prepare"}),
 ]

@@ -64,6 +64,81 @@ def branches_by_file(src: Path = SRC) -> dict[str, list[int]]:
     return found
 
 
+# ---- modalities (issue 51, point 4): what differs between kinds of input is asked of MODALITIES ----------------
+
+MODALITY_REGISTRY = ("data", "modalities")  # the one folder where a modality may be named in a branch
+
+
+def _is_string(node: ast.AST) -> bool:
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts)
+    return False
+
+
+def modality_branches(tree: ast.AST) -> list[int]:
+    """Lines comparing something named like a modality with a string, any string (`info.modality == "image"`,
+    `meta.get("modality") in ("volume", "volumes")`): the registry's own names and the names a user might write."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            parts = [node.left, *node.comparators]
+            if any(_is_string(p) for p in parts) and any(_names_a_modality(p) for p in parts if not _is_string(p)):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def _names_a_modality(node: ast.AST) -> bool:
+    """`modality`, `info.modality`, `meta["modality"]`, `meta.get("modality")`, `modality.name`: a modality's name;
+    not what a modality says of itself (`modality.model_preprocessing != "apply"` asks the registry)."""
+    if isinstance(node, ast.Name):
+        return "modalit" in node.id.lower()
+    if isinstance(node, ast.Attribute):
+        return "modalit" in node.attr.lower() or (node.attr == "name" and _names_a_modality(node.value))
+    if isinstance(node, ast.Subscript):
+        return "modalit" in ast.unparse(node.slice).lower()
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Attribute) and node.func.attr == "get" and any(
+            "modalit" in ast.unparse(a).lower() for a in node.args[:1])
+    return False
+
+
+def modality_branches_by_file(src: Path = SRC) -> dict[str, list[int]]:
+    found = {}
+    for path in sorted(src.rglob("*.py")):
+        if path.relative_to(src).parts[:2] == MODALITY_REGISTRY:
+            continue
+        lines = modality_branches(ast.parse(path.read_text(encoding="utf-8")))
+        if lines:
+            found[str(path.relative_to(src))] = lines
+    return found
+
+
+def test_no_modality_branch_outside_the_modality_registry():
+    found = modality_branches_by_file()
+    assert not found, ("modality branches outside trainforge/data/modalities (ask MODALITIES.get(...) instead): "
+                       + "; ".join(f"{f} at lines {lines}" for f, lines in found.items()))
+
+
+def test_a_modality_branch_planted_in_a_copy_of_the_source_is_found(tmp_path):
+    import shutil
+
+    copy = tmp_path / "trainforge"
+    shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    pipeline = copy / "data" / "pipeline.py"
+    pipeline.write_text(pipeline.read_text() + '\n\ndef planted(data):\n    return data.modality == "volumes"\n')
+    serving = copy / "compression" / "serving.py"
+    serving.write_text(serving.read_text() + '\n\ndef planted(meta):\n    return meta.get("modality") in ("image",)\n')
+    (copy / "data" / "modalities" / "planted.py").write_text('def ok(info):\n    return info.modality == "image"\n')
+    found = modality_branches_by_file(copy)
+    assert sorted(found) == ["compression/serving.py", "data/pipeline.py"], found
+    assert all(len(lines) == 1 for lines in found.values()), found
+    assert modality_branches(ast.parse('m = MODALITIES.get(info.modality)\nok = info.modality in MODALITIES\n'
+                                       'ok = modality.model_preprocessing != "apply"\n')) == []
+    assert modality_branches(ast.parse('a = modality.name == "text"\nb = doc["modality"] != "image"\n')) == [1, 2]
+
+
 def test_no_task_branch_outside_the_task_registry():
     found = branches_by_file()
     assert not found, ("task branches outside trainforge/tasks (ask the task instead): "

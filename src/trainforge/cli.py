@@ -381,22 +381,42 @@ def recipes(as_json: bool = typer.Option(False, "--json", help="Print exactly on
 
 
 @app.command()
-def tasks(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document.")) -> None:
-    """List the tasks a recipe can name (`task: NAME`): what each is and the metrics it reports."""
+def tasks(as_json: bool = typer.Option(False, "--json", help="Print exactly one JSON document."),
+          modalities: bool = typer.Option(False, "--modalities",
+                                          help="List the data modalities instead (what a sample's input may be)."),
+          imports: Optional[List[str]] = typer.Option(None, "--import", metavar="MODULE",
+                                                      help="Import this module first (one that registers its own "
+                                                           "tasks or modalities); repeatable.")) -> None:
+    """List the tasks a recipe can name (`task: NAME`): what each is and the metrics it reports; then the data
+    modalities a sample's input may be (with --modalities and --json: those only). A plug-in module's own appear too
+    (`--import MODULE`)."""
+    from trainforge.data.modalities import MODALITIES
+    from trainforge.imports import import_module
     from trainforge.tasks import TASKS
 
+    for module in imports or ():
+        import_module(module, "--import")
     rows = [{"name": n, "description": TASKS.get(n).description, "metrics": list(TASKS.get(n).metrics),
              "default_metric": TASKS.get(n).default_metric,
              "direction": TASKS.get(n).direction(TASKS.get(n).default_metric)} for n in TASKS.names()]
+    kinds = [{"name": n, "description": MODALITIES.get(n).description,
+              "predict_reads": MODALITIES.get(n).served or "arrays (.npz, .npy)"} for n in MODALITIES.names()]
     if as_json:
-        print_json(rows)
+        print_json(kinds if modalities else rows)
         return
-    table = Table(title="tasks")
-    for column in ("task", "what it is", "metrics (default first)"):
+    if not modalities:
+        table = Table(title="tasks")
+        for column in ("task", "what it is", "metrics (default first)"):
+            table.add_column(column)
+        for r in rows:
+            metrics = [r["default_metric"], *(m for m in r["metrics"] if m != r["default_metric"])]
+            table.add_row(r["name"], r["description"], ", ".join(metrics))
+        out.print(table)
+    table = Table(title="data modalities")
+    for column in ("modality", "what a sample's input is", "predict reads"):
         table.add_column(column)
-    for r in rows:
-        metrics = [r["default_metric"], *(m for m in r["metrics"] if m != r["default_metric"])]
-        table.add_row(r["name"], r["description"], ", ".join(metrics))
+    for r in kinds:
+        table.add_row(r["name"], r["description"], r["predict_reads"])
     out.print(table)
 
 

@@ -24,7 +24,7 @@ from torch import nn
 from trainforge.cli import main
 from trainforge.compression import artifact
 from trainforge.compression.predict import predict, rank, resolve_artifact, softmax
-from trainforge.compression.serving import READERS
+from trainforge.compression.serving import modality_reader
 from trainforge.config import DataConfig
 from trainforge.data import build_data
 from trainforge.data.base import DataInfo
@@ -138,7 +138,7 @@ def torch_argmax(model: nn.Module, x: torch.Tensor) -> list[int]:
 
 
 def served(meta: dict, inputs: list[str]) -> list[np.ndarray]:
-    return [x for _, x in READERS.get(meta["modality"])(meta, "artifact.onnx")(inputs)]
+    return [x for _, x in modality_reader(meta, "artifact.onnx")(inputs)]
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
@@ -214,7 +214,7 @@ def test_csv_rows_serve_bit_identical_inputs(tmp_path):
     bundle = build_data(DataConfig(source="csv", path=str(path)), seed=0)
     meta = artifact.artifact_meta("fp32", bundle.info, bundle.preprocess)
     assert meta["preprocess"]["feature_names"] == ["w", "a", "v", "b"]
-    reader = READERS.get("tabular")(meta, "artifact.onnx")
+    reader = modality_reader({**meta, "modality": "tabular"}, "artifact.onnx")
     by_line = {name.rsplit(":", 1)[1]: x for name, x in reader([str(path)])}
     for split in (bundle.train, bundle.val, bundle.test):
         for i, idx in enumerate(split.indices):

@@ -50,9 +50,9 @@ def test_std_floor_and_json_round_trip():
     batch = torch.ones(5, 3, 2, 2)
     batch[:, 0] = 0.0
     batch[:, 0, 0, 0] = torch.arange(5) * 1e-9  # a tiny but real spread: std floored at 1e-6
-    norm = fit_normalizer("zscore", [batch[:2], batch[2:]], "image")
+    norm = fit_normalizer("zscore", [batch[:2], batch[2:]], (-1, 1, 1))
     assert norm.to_json()["std"] == [1e-6, 1.0, 1.0] and norm.to_json()["constant_features"] == [1, 2]
-    again = Normalizer.from_json(norm.to_json(), "image")
+    again = Normalizer.from_json(norm.to_json(), (-1, 1, 1))
     x = torch.randn(3, 2, 2)
     torch.testing.assert_close(again(x), norm(x))
 
@@ -61,15 +61,15 @@ def test_std_floor_and_json_round_trip():
 def test_a_feature_constant_in_train_is_only_centred(kind):
     """Regression: a constant train feature was divided by the 1e-6 floor, so 2.0 in validation became 1e6."""
     train = torch.tensor([[1.0, 0.0], [1.0, 1.0], [1.0, 2.0], [1.0, 4.0]])
-    norm = fit_normalizer(kind, [train[:2], train[2:]], "tabular")
+    norm = fit_normalizer(kind, [train[:2], train[2:]], (-1,))
     assert norm.to_json()["constant_features"] == [0]
     assert norm(train)[:, 0].tolist() == [0.0] * 4
     val = torch.tensor([2.0, 3.0])
     assert norm(val)[0].item() == 1.0  # centred only: 2.0 - 1.0, scale 1
-    again = Normalizer.from_json(json.loads(json.dumps(norm.to_json())), "tabular")
+    again = Normalizer.from_json(json.loads(json.dumps(norm.to_json())), (-1,))
     assert torch.equal(again(val), norm(val))
     # a large constant value: sums of squares are not exactly 0, min == max is
-    big = fit_normalizer(kind, [torch.full((7, 1), 123456.7)], "tabular")
+    big = fit_normalizer(kind, [torch.full((7, 1), 123456.7)], (-1,))
     assert big.to_json()["constant_features"] == [0] and big(torch.tensor([123457.7])).item() == pytest.approx(1.0)
 
 
@@ -90,10 +90,10 @@ def test_lazy_sources_fit_on_at_most_2000_samples(monkeypatch):
     seen = []
     real = pipeline.fit_normalizer
 
-    def spy(kind, batches, modality):
+    def spy(kind, batches, view):
         batches = list(batches)
         seen.append(sum(len(b) for b in batches))
-        return real(kind, batches, modality)
+        return real(kind, batches, view)
 
     monkeypatch.setattr(pipeline, "fit_normalizer", spy)
     monkeypatch.setattr(pipeline, "MAX_STATS_SAMPLES", 50)

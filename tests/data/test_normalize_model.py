@@ -15,7 +15,7 @@ from PIL import Image
 
 from trainforge.cli import main
 from trainforge.compression import artifact
-from trainforge.compression.serving import READERS
+from trainforge.compression.serving import modality_reader
 from trainforge.config import Config, DataConfig, FromModelConfig, load_config
 from trainforge.data.image.preprocess import ImagePreprocess
 from trainforge.data.stages.normalize import Normalizer
@@ -176,12 +176,12 @@ def test_the_stored_preprocessing_is_used_without_the_model_and_served_alike(ima
     for split, same in ((bundle.train, again.train), (bundle.val, again.val)):
         for i in range(len(split)):
             assert torch.equal(split[i][0], same[i][0])
-    norm = Normalizer.from_json(bundle.preprocess["normalize"], "image")
+    norm = Normalizer.from_json(bundle.preprocess["normalize"], (-1, 1, 1))
     assert norm.kind == "model" and norm.to_json() == bundle.preprocess["normalize"]
     # predict's torch-free reader: the same array as the training pipeline, bit for bit
     meta = artifact.artifact_meta("fp32", bundle.info, bundle.preprocess)
     path = bundle.val.samples.paths[int(bundle.val.indices[0])]
-    ((_, served),) = list(READERS.get("image")(meta, "model.onnx")([path]))
+    ((_, served),) = list(modality_reader({**meta, "modality": "image"}, "model.onnx")([path]))
     assert served.dtype == np.float32 and np.array_equal(served, bundle.val[0][0].numpy())
 
 
@@ -190,10 +190,10 @@ def test_a_damaged_image_preprocess_record_is_one_line_when_served(images):
     meta = artifact.artifact_meta("fp32", bundle.info, bundle.preprocess)
     meta["preprocess"]["image_preprocess"]["crop_size"] = [160]
     with pytest.raises(UserError, match="model.onnx: its image_preprocess metadata is damaged"):
-        READERS.get("image")(meta, "model.onnx")
+        modality_reader({**meta, "modality": "image"}, "model.onnx")
     meta["preprocess"]["image_preprocess"]["crop_size"] = [100, 100]
     with pytest.raises(UserError, match=r"gives \[3, 100, 100\] inputs, the model takes \[3, 160, 160\]"):
-        READERS.get("image")(meta, "model.onnx")
+        modality_reader({**meta, "modality": "image"}, "model.onnx")
 
 
 def test_augmentation_works_behind_the_resize(images):

@@ -10,7 +10,7 @@ import torch
 from tiny_models import corpus, save_tiny_bert, save_tiny_llama
 
 import trainforge
-from trainforge.compression.serving import READERS
+from trainforge.compression.serving import modality_reader
 from trainforge.data import build_data
 from trainforge.data.text.tokenizer import TextTokenizer, train_bpe
 
@@ -82,7 +82,7 @@ def test_predict_tokenizes_with_the_stored_tokenizer_without_torch_or_transforme
     data = build_data(cls_cfg(texts_file, "data.tokenizer=model", "model.name=hf",
                               f"model.args={{pretrained: {bert}}}").data, seed=0)
     meta = {"modality": "text", "input_shape": [12], "preprocess": data.preprocess}
-    read = READERS.get("text")(meta, artifact="model.onnx")
+    read = modality_reader({**meta, "modality": "text"}, artifact="model.onnx")
     line = corpus(1)[0]
     (name, ids), = list(read([str(_write(texts_file.parent / "one.txt", line))]))
     expected = TextTokenizer.from_preprocess(data.preprocess).encode_fixed([line], 12)[0]

@@ -295,3 +295,42 @@ def test_two_processes_on_a_plugin_task_match_one_at_twice_the_micro_batch(task,
     one, other = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")
     assert len(one) == len(other) == 12
     assert max(abs(a - b) for a, b in zip(one, other)) < 1e-5
+
+
+def test_a_modality_a_plugin_module_registers_is_listed_normalized_augmented_and_trained(tmp_path, capsys):
+    """Issue 51, point 4 and acceptance 5: plugin_tasks registers a `waveform` modality (C, T) after trainforge was
+    imported. `trainforge tasks --import plugin_tasks` lists it (in a process of its own); the pipeline, which names
+    no modality, fits normalization per channel through its channel_view, augments by its time reversal and warns
+    of the settings it does not take; a run learns from it."""
+    listed = subprocess.run([sys.executable, "-m", "trainforge", "tasks", "--import", "plugin_tasks"], env=env(),
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "waveform" in listed.stdout and "fusion" in listed.stdout, listed.stderr
+    with pytest.raises(SystemExit) as code:
+        main(["tasks", "--modalities", "--json"])
+    assert code.value.code in (0, None)
+    kinds = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {"image", "text", "tabular", "volume", "multimodal", "waveform"} <= set(kinds)
+    assert kinds["waveform"]["predict_reads"] == "arrays (.npz, .npy)" and "PNG" in kinds["image"]["predict_reads"]
+
+    from trainforge.data import build_data
+
+    overrides = ["data.source=custom", "data.target=plugin_tasks:waveform_data", "data.normalize=zscore",
+                 "model.target=plugin_tasks:waveform_model", *COMMON, "train.micro_batch_size=16", "train.epochs=8",
+                 "data.augment.hflip=0.5", "data.augment.vflip=0.5"]
+    cfg = trainforge.load_config(None, overrides)
+    with pytest.warns(UserWarning, match=r"data.augment.vflip ignored: a waveform takes data.augment.hflip"):
+        bundle = build_data(cfg.data, seed=cfg.seed)
+    stats = bundle.report["normalization"]
+    assert stats["kind"] == "zscore" and len(stats["mean"]) == 2  # per channel, not per (channel, time) value
+    assert abs(stats["mean"][1] - 100) < 2 and abs(stats["std"][1] - 10) < 2
+    x, _ = bundle.val[0]
+    assert x.shape == (2, 32) and abs(float(x[1].mean())) < 1.5  # channel 1 scaled as channel 1, over time
+    plain, _ = bundle.train[0]
+    drawn = [bundle.train[(epoch, 0)][0] for epoch in range(12)]
+    assert any(torch.equal(d, plain) for d in drawn) and any(torch.equal(d, plain.flip(-1)) for d in drawn)
+
+    run = tmp_path / "run"
+    result = trainforge.train(cfg, run_dir=run)
+    assert result.status == "completed"
+    assert json.loads((run / "eval.json").read_text())["accuracy"] > 0.9
+    assert json.loads((run / "final" / "model.json").read_text())["data_info"]["modality"] == "waveform"

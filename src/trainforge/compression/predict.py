@@ -24,8 +24,9 @@ import numpy as np
 
 from trainforge.compression.artifact import FILE_NAMES, input_specs, meta_from_session, output_names
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, servable
-from trainforge.compression.serving import (ARRAY_SUFFIXES, READERS, STDIN, array_samples, reads_arrays,
-                                            require_files, text_lines)
+from trainforge.compression.serving import (ARRAY_SUFFIXES, STDIN, array_samples, modality_reader, reads_arrays,
+                                            serves_files)
+from trainforge.data.modalities.inputs import require_files, text_lines
 from trainforge.errors import UserError
 from trainforge.imports import import_module, where
 from trainforge.integrity import NO_VERIFY, check_files, read_digests
@@ -270,14 +271,14 @@ def samples_of(artifact: Artifact, inputs: Sequence[str], stdin: Optional[Binary
     if reads_arrays(inputs):
         return array_samples(inputs, specs)
     described = ", ".join(f"{i['name']} ({'x'.join(map(str, i['shape']))} {i['dtype']})" for i in specs)
-    if len(specs) != 1 or artifact.meta.get("modality") not in READERS:
+    if len(specs) != 1 or not serves_files(artifact.meta.get("modality")):
         raise UserError(f"INPUT: this model takes {described}: pass {' or '.join(ARRAY_SUFFIXES)} files holding "
                         "an array of each name (numpy.savez), one sample or a batch along axis 0")
     if any(name.lower().endswith(ARRAY_SUFFIXES) for name in inputs):
         raise UserError(f"INPUT: pass either arrays ({', '.join(ARRAY_SUFFIXES)}) or {artifact.meta['modality']} "
                         "inputs, not both in one call")
     key = str(specs[0]["name"])
-    read = READERS.get(artifact.meta["modality"])(artifact.meta, str(artifact.path), stdin)
+    read = modality_reader(artifact.meta, str(artifact.path), stdin)
     return ((name, {key: x}) for name, x in read(inputs))
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Literal, Optional
 from torch.utils.data import Dataset
 
 Task = str  # a task registered in trainforge.tasks.TASKS
-Modality = Literal["image", "tabular", "text", "volume", "multimodal"]
+ModalityName = str  # a modality registered in trainforge.data.modalities.MODALITIES (image, text, tabular, ...)
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class InputInfo:
     name: str
     shape: tuple[int, ...]  # one sample, without the batch dimension
     dtype: Literal["float32", "int64"]
-    modality: Modality
+    modality: ModalityName
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class DataInfo:
     """
 
     task: Task
-    modality: Modality
+    modality: ModalityName
     input_shape: tuple[int, ...]  # one sample, without the batch dimension
     input_dtype: Literal["float32", "int64"]
     num_classes: int  # classification: number of classes; lm: vocab size

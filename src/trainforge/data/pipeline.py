@@ -1,12 +1,14 @@
 """source -> clean -> [model's resize + crop] -> split -> normalize (fit on train) -> augment (train only) -> DataBundle.
 
 What a kind of samples needs on the way (cleaning, tokenizing, packing, which split) the pipeline asks of the samples
-(`Samples` in data/pool.py) instead of testing their class, so a new kind needs no change here."""
+(`Samples` in data/pool.py) instead of testing their class; what follows from the kind of values they hold
+(normalization, augmentation, a pretrained model's preprocessing, the tokenizer, the record) it asks of their
+modality (`MODALITIES` in data/modalities). A new kind of samples or of input needs no change here."""
 from __future__ import annotations
 
 import warnings
 from dataclasses import replace
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
@@ -14,19 +16,10 @@ import torch
 from trainforge.config import AugmentConfig, DataConfig
 from trainforge.data.base import DataBundle, DataInfo
 from trainforge.data.image.preprocess import TENSOR_FILTERS, ImagePreprocess, resolve_image_preprocess
+from trainforge.data.modalities import MODALITIES, Modality
 from trainforge.data.pool import Pool, Samples, SampleUnreadable
 from trainforge.data.sources import SOURCES
-from trainforge.data.stages.augment import (
-    Augment,
-    TextAugment,
-    VolumeAugment,
-    build_augment,
-    build_text_augment,
-    build_volume_augment,
-    image_ops_set,
-    text_ops_set,
-    volume_ops_set,
-)
+from trainforge.data.stages.augment import ALL_OPS
 from trainforge.data.stages.clean import drop_failed_before
 from trainforge.data.stages.datasets import EvalDataset, TrainDataset
 from trainforge.data.stages.loader import ShardOrder
@@ -86,9 +79,10 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     splits, method = split_pool(pool, cfg, seed)
     pool, splits = pool.samples.after_split(pool, splits, cfg, stored)  # texts tokenized; conversations packed
     info = pool.info
-    if cfg.tokenizer is not None and info.modality != "text":
+    modality = MODALITIES.get(info.modality)
+    if cfg.tokenizer is not None and not modality.takes_tokenizer:
         warnings.warn(f"data.tokenizer ignored: data.source={cfg.source!r} gives {info.modality} data, not text")
-    scaled = info.modality in ("image", "tabular", "volume")
+    scaled = modality.scaled
     sampled: dict[str, Any] = {}
     if spec is not None:
         normalizer = model_normalizer(spec.mean, spec.std, pool.value_range)
@@ -97,15 +91,14 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
     else:
         normalizer = fit_pool_normalizer(pool, splits["train"], cfg.normalize if scaled else "none", seed, sampled)
     normalize = None if normalizer.kind == "none" else normalizer
-    augment = choose_augment(cfg.augment, info, pool.value_range)
+    augment = choose_augment(cfg.augment, info, pool.value_range, modality)
     if augment is not None or getattr(pool.samples, "crops", False):  # boxes and masks move with the pixels;
         augment = pool.samples.target_augment(augment)  # a volume's training patch is cropped, augmented or not
 
     preprocess: dict[str, Any] = {"modality": info.modality, "task": info.task, **pool.preprocess}
     if scaled:
         preprocess["normalize"] = normalizer.to_json()
-    if info.modality == "image":
-        preprocess["value_range"] = list(pool.value_range)
+    preprocess.update(modality.record(pool.value_range))
     if info.class_names:
         preprocess["class_names"] = list(info.class_names)
     return DataBundle(
@@ -123,10 +116,10 @@ def build_data(cfg: DataConfig, *, seed: int, stored: Optional[dict[str, Any]] =
 def model_preprocessing(pool: Pool, cfg: DataConfig, stored: Optional[dict[str, Any]]) -> Optional[ImagePreprocess]:
     """`data.normalize: model`: the stored preprocessing when there is one (eval, compress, resume: the model's
     library is not asked again), else data.from_model's, resolved now. None (with a warning) for text."""
-    modality = pool.info.modality
-    if modality != "image":
-        why = f"data.source={cfg.source!r} gives {modality} data; the model's preprocessing is for images"
-        if modality == "tabular":
+    modality = MODALITIES.get(pool.info.modality)
+    if modality.model_preprocessing != "apply":
+        why = f"data.source={cfg.source!r} gives {modality.name} data; the model's preprocessing is for images"
+        if modality.model_preprocessing == "refuse":
             raise UserError(f"data.normalize: 'model' does not apply: {why}; use zscore, minmax or none", public=True)
         warnings.warn(f"data.normalize: model ignored: {why}")
         return None
@@ -181,26 +174,14 @@ def preprocess_images(pool: Pool, spec: ImagePreprocess, cfg: DataConfig) -> Poo
     return pool
 
 
-def choose_augment(
-    cfg: AugmentConfig, info: DataInfo, value_range: tuple[float, float]
-) -> Union[Augment, TextAugment, VolumeAugment, None]:
-    """The train-split augmenter for this data; a warning names each setting that does not apply."""
-    image_ops, text_ops = image_ops_set(cfg), text_ops_set(cfg)
-    if info.modality == "volume":
-        volume_ops = volume_ops_set(cfg)
-        _warn_ignored([n for n in image_ops + text_ops if n not in volume_ops],
-                      "a volume takes data.augment.hflip, vflip, dflip and intensity_shift")
-        return build_volume_augment(cfg)
-    if info.modality == "image":
-        _warn_ignored(text_ops, "token augmentation applies to text classification, this data is images")
-        return build_augment(cfg, channels=info.input_shape[0], value_range=value_range)
-    if info.modality == "text" and task_of(info).token_augmentation:
-        _warn_ignored(image_ops, "image augmentation does not apply to text; use data.augment.token_*")
-        return build_text_augment(cfg, info.pad_id)
-    task = task_of(info)
-    what = f"{info.modality} data" if task.token_augmentation else task.title
-    _warn_ignored(image_ops + text_ops, f"augmentation applies to images and text classification, not {what}")
-    return None
+def choose_augment(cfg: AugmentConfig, info: DataInfo, value_range: tuple[float, float],
+                   modality: Optional[Modality] = None) -> Any:
+    """The train-split augmenter for this data, the modality's (None when none is switched on); a warning names
+    each setting that is switched on and does not apply."""
+    modality = modality or MODALITIES.get(info.modality)
+    augment, applies, why = modality.augmenter(cfg, info, value_range, task_of(info))
+    _warn_ignored([n for n in ALL_OPS if getattr(cfg, n) and n not in applies], why)
+    return augment
 
 
 def _warn_ignored(names: list[str], why: str) -> None:
@@ -257,7 +238,7 @@ def fit_pool_normalizer(pool: Pool, train: np.ndarray, kind: str, seed: int = 0,
     if kind == "none":
         return identity()
     return fit_normalizer(kind, stats_batches(pool, train, seed, {} if sampled is None else sampled),
-                          pool.info.modality)
+                          MODALITIES.get(pool.info.modality).channel_view)
 
 
 def data_report(

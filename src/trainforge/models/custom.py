@@ -33,7 +33,7 @@ from trainforge.models.zoo import ANY_DATA, input_spec, register_model
 def data_facts(info: DataInfo) -> dict[str, Any]:
     """Constructor parameters the data fills, by name; None where this data has no such fact."""
     shape = tuple(info.input_shape)
-    image = info.modality == "image" and len(shape) == 3
+    image = len(shape) == 3 and info.input_dtype == "float32" and not info.inputs  # one (C, H, W) picture
     return {
         "info": info,
         **{f.name: getattr(info, f.name) for f in dataclasses.fields(info)},

@@ -30,7 +30,9 @@ from trainforge.models.base import InputSpec, NamedInputs
 from trainforge.models.zoo import DataFit, register_model
 
 MULTIMODAL = DataFit("classification of several named inputs (data.source: multimodal)",
-                     lambda info: len(info.inputs) >= 1 and info.modality == "multimodal", ("classification",))
+                     lambda info: len(info.inputs) >= 1 and all(i.modality in ENCODED for i in info.inputs),
+                     ("classification",))
+ENCODED = ("image", "tabular")  # the inputs' modalities an encoder is built for: a CNN (or timm) and an MLP
 FUSIONS = ("concat", "attention")
 
 
@@ -101,7 +103,7 @@ def build_fusion(info: DataInfo, fuse: str = "concat", width: int = 64, image_en
         raise UserError(f"model.args.image_encoder: {image_encoder!r}; choose cnn or timm:<name>")
     encoders: dict[str, nn.Module] = {}
     for one in info.inputs:
-        if one.modality == "image":
+        if len(one.shape) == 3:  # an image (C, H, W); a feature vector (F,) otherwise
             channels = one.shape[0]
             encoders[one.name] = (conv_encoder(channels, min(one.shape[1:]), width) if image_encoder == "cnn" else
                                   timm_encoder(image_encoder.removeprefix("timm:"), channels, width, image_pretrained))

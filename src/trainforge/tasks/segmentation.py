@@ -137,7 +137,7 @@ class Segmentation(Task):
         """The image with each pixel tinted by its predicted class (class 0 left as it is), beside the mask."""
         (logits,) = output.values()
         (image,) = sample.values()
-        if meta.get("modality") == "volume":  # (classes, D, H, W): the middle slice along the last axis
+        if len(meta.get("input_shape") or ()) == 4:  # a volume's (classes, D, H, W): the middle slice, last axis
             mask = logits.argmax(axis=0)
             mask, image = mask[..., mask.shape[-1] // 2], image[..., image.shape[-1] // 2]
         else:

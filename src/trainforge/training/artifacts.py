@@ -14,7 +14,6 @@ import math
 import os
 import re
 import shutil
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -24,7 +23,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from trainforge.config import Config, config_from_yaml_text
-from trainforge.data.base import DataInfo, InputInfo, Modality
+from trainforge.data.base import DataInfo, InputInfo
+from trainforge.data.modalities import MODALITIES
 from trainforge.errors import UserError, quote
 from trainforge.imports import load_target
 from trainforge.integrity import MANIFEST_FILE, NO_VERIFY, check_files, read_digests, write_manifest
@@ -107,9 +107,11 @@ def info_from_dict(d: dict[str, Any]) -> DataInfo:
     if not (task in TASKS or (isinstance(task, str) and TASK_NAME.fullmatch(task))):
         raise BadField(f"data_info.task: expected a task name (one of {', '.join(TASKS.names())}, or a registered "
                        f"one's), got {quote(task)}")
-    for field, allowed in (("modality", typing.get_args(Modality)), ("input_dtype", ("float32", "int64"))):
-        if d.get(field) not in allowed:
-            raise BadField(f"data_info.{field}: expected one of {', '.join(allowed)}, got {quote(d.get(field))}")
+    if not _modality_name(d.get("modality")):
+        raise BadField(f"data_info.modality: expected a modality name (one of {', '.join(MODALITIES.names())}, or a "
+                       f"registered one's), got {quote(d.get('modality'))}")
+    if d.get("input_dtype") not in ("float32", "int64"):
+        raise BadField(f"data_info.input_dtype: expected one of float32, int64, got {quote(d.get('input_dtype'))}")
     shape = d.get("input_shape")
     if not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= MAX_INPUT_DIMS:
         raise BadField(f"data_info.input_shape: expected a list of 1 to {MAX_INPUT_DIMS} sizes, got {quote(shape)}")
@@ -128,6 +130,11 @@ def info_from_dict(d: dict[str, Any]) -> DataInfo:
         pad_id=_count("pad_id", d.get("pad_id"), 0, MAX_CLASSES, optional=True))
 
 
+def _modality_name(value: Any) -> bool:
+    """A registered modality, or the name of one a plug-in module registers (as for tasks)."""
+    return value in MODALITIES or (isinstance(value, str) and TASK_NAME.fullmatch(value) is not None)
+
+
 def _inputs(value: Any) -> tuple[InputInfo, ...]:
     """data_info.inputs: at most MAX_INPUTS named inputs, each checked as input_shape and input_dtype are."""
     if not isinstance(value, (list, tuple)) or len(value) > MAX_INPUTS:
@@ -139,8 +146,9 @@ def _inputs(value: Any) -> tuple[InputInfo, ...]:
             raise BadField(f"{where}: expected {{name, shape, dtype, modality}}, got {quote(one)}")
         if not isinstance(one["name"], str) or not TASK_NAME.fullmatch(one["name"]):
             raise BadField(f"{where}.name: expected a lower-case name, got {quote(one['name'])}")
-        if one["dtype"] not in ("float32", "int64") or one["modality"] not in typing.get_args(Modality):
-            raise BadField(f"{where}: dtype float32 or int64, modality one of {', '.join(typing.get_args(Modality))}")
+        if one["dtype"] not in ("float32", "int64") or not _modality_name(one["modality"]):
+            raise BadField(f"{where}: dtype float32 or int64, modality one of {', '.join(MODALITIES.names())} (or a "
+                           "registered one's)")
         shape = one["shape"]
         if not isinstance(shape, (list, tuple)) or not 1 <= len(shape) <= MAX_INPUT_DIMS:
             raise BadField(f"{where}.shape: expected a list of 1 to {MAX_INPUT_DIMS} sizes, got {quote(shape)}")

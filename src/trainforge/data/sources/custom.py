@@ -4,8 +4,9 @@ The module is imported only here, when the user's config names it. `attr(**data.
 `torch.utils.data.Dataset` class; a parameter named `seed` gets the run's seed — returns one of:
 - `(X, y)`: X float (N, C, H, W) for images or (N, F) for tabular, y integer class ids 0..K-1;
 - a map-style dataset (`len(ds)`, `ds[i] -> (x, y)`), read once into memory: the same shapes per sample;
+- a Pool (data/samples.py) of samples of any registered modality (`DataInfo.modality`; a plug-in module's own);
 - a finished DataBundle (then nothing else is done to it).
-The first two go through the normal cleaning / split / normalize / augment path.
+All but the last go through the normal cleaning / split / normalize / augment path.
 """
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ def pool_from_arrays(X: Any, y: Any) -> Pool:
     x = _as_tensor(X, "X").float()
     labels = _as_tensor(y, "y")
     if x.ndim == 4:
-        modality = "image"
+        modality, preprocess = "image", {"image_size": x.shape[-1], "channels": x.shape[1]}
     elif x.ndim == 2:
-        modality = "tabular"
+        modality, preprocess = "tabular", {"num_features": x.shape[1]}
     else:
         raise UserError(f"data.target: factory returned X of shape {tuple(x.shape)}; expected (N, C, H, W) or (N, F)")
     if labels.shape != (len(x),):
@@ -51,10 +52,6 @@ def pool_from_arrays(X: Any, y: Any) -> Pool:
     info = DataInfo("classification", modality, tuple(x.shape[1:]), "float32", num_classes, names)
     finite = x[torch.isfinite(x)]
     value_range = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 1.0)
-    if modality == "image":
-        preprocess = {"image_size": x.shape[-1], "channels": x.shape[1]}
-    else:
-        preprocess = {"num_features": x.shape[1]}
     samples = TensorSamples(x, labels)
     return Pool(info, samples, labels=labels.numpy(), rows_read=len(x), preprocess=preprocess, value_range=value_range)
 
@@ -88,11 +85,11 @@ def custom(cfg: DataConfig, *, seed: int) -> Union[Pool, DataBundle]:
     factory = load_target(cfg.target, "data.target")
     result = call_user(factory, target=cfg.target, key="data.target", args_key="data.args", args=dict(cfg.args),
                        filled={"seed": seed})
-    if isinstance(result, DataBundle):
+    if isinstance(result, (DataBundle, Pool)):
         return result
     if isinstance(result, (tuple, list)) and len(result) == 2:
         return pool_from_arrays(*result)
     if is_map_dataset(result):
         return pool_from_dataset(result, cfg.target)
     raise UserError(f"data.target: {cfg.target} returned {type(result).__name__}; return (X, y) arrays, a "
-                    "map-style Dataset of (x, y) samples, or a DataBundle")
+                    "map-style Dataset of (x, y) samples, a Pool or a DataBundle")

@@ -26,6 +26,7 @@ MIN_WINDOW_TOKENS = 8  # a text window crop keeps at least this many tokens (all
 IMAGE_OPS = ("rotation_deg", "crop_scale", "hflip", "vflip", "color_jitter")
 TEXT_OPS = ("token_crop", "token_dropout", "token_mask")
 VOLUME_OPS = ("hflip", "vflip", "dflip", "intensity_shift")  # on (C, D, H, W): flips along W, H, D; an offset
+ALL_OPS = tuple(dict.fromkeys(IMAGE_OPS + TEXT_OPS + VOLUME_OPS))  # every data.augment setting, once
 
 
 def _uniform(g: torch.Generator, low: float, high: float) -> float:

@@ -1,11 +1,11 @@
 """Input normalization fitted on the train split (z-score or min-max, per channel or per feature), or the fixed
 mean and std of a pretrained model (kind "model", `data.normalize: model`; not fitted).
 
-    norm = fit_normalizer("zscore", train_batches, modality="image")
+    norm = fit_normalizer("zscore", train_batches, view=(-1, 1, 1))   # the modality's channel_view
     norm = model_normalizer(mean, std, value_range=(0.0, 16.0))   # the model's values, on the data's pixel scale
     x = norm(x)                                          # one sample
     preprocess["normalize"] = norm.to_json()            # stored with the model
-    norm = Normalizer.from_json(preprocess["normalize"], modality="image")   # when serving
+    norm = Normalizer.from_json(preprocess["normalize"], view=(-1, 1, 1))      # when serving
 """
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from typing import Any, Iterable, Sequence
 import torch
 
 STD_FLOOR = 1e-6
-# how per-channel parameters broadcast over one sample: image (C, H, W), volume (C, D, H, W); else per feature (F)
-CHANNEL_VIEW = {"image": (-1, 1, 1), "volume": (-1, 1, 1, 1)}
 
 
 class Normalizer:
-    """x -> (x - shift) / scale with per-channel (image: C,1,1) or per-feature (tabular: F) parameters."""
+    """x -> (x - shift) / scale with per-channel (image: C,1,1) or per-feature (tabular: F) parameters: `view` is how
+    they broadcast over one sample, the modality's `channel_view` (trainforge.data.modalities)."""
 
     def __init__(self, kind: str, shift: torch.Tensor, scale: torch.Tensor, stats: dict[str, Any]) -> None:
         self.kind, self.shift, self.scale, self.stats = kind, shift, scale, stats
@@ -33,16 +32,16 @@ class Normalizer:
         return {"kind": self.kind, **self.stats}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], modality: str) -> "Normalizer":
+    def from_json(cls, data: dict[str, Any], view: Sequence[int]) -> "Normalizer":
         kind = data["kind"]
         if kind == "none":
             return identity()
         constant = data.get("constant_features", [])  # absent in models saved before constant features had scale 1
         if kind == "zscore":
-            return _make(kind, torch.tensor(data["mean"]), torch.tensor(data["std"]), modality, constant)
+            return _make(kind, torch.tensor(data["mean"]), torch.tensor(data["std"]), view, constant)
         if kind == "minmax":
             lo, hi = torch.tensor(data["min"]), torch.tensor(data["max"])
-            return _make(kind, lo, hi, modality, constant)
+            return _make(kind, lo, hi, view, constant)
         if kind == "model":
             return _fixed(data["mean"], data["std"])
         raise ValueError(f"unknown normalization kind {kind!r}")
@@ -66,7 +65,7 @@ def _fixed(mean: Sequence[float], std: Sequence[float]) -> Normalizer:
     return Normalizer("model", a.float().reshape(-1, 1, 1), b.float().reshape(-1, 1, 1), stats)
 
 
-def _make(kind: str, a: torch.Tensor, b: torch.Tensor, modality: str, constant: Sequence[int]) -> Normalizer:
+def _make(kind: str, a: torch.Tensor, b: torch.Tensor, view: Sequence[int], constant: Sequence[int]) -> Normalizer:
     """zscore: a = mean, b = std; minmax: a = min, b = max.
 
     A feature (channel) in `constant` had one value in all of the train split: dividing by a floored
@@ -83,11 +82,10 @@ def _make(kind: str, a: torch.Tensor, b: torch.Tensor, modality: str, constant: 
     else:
         stats = {"min": a.tolist(), "max": b.tolist()}
     stats["constant_features"] = [int(i) for i in constant]
-    view = CHANNEL_VIEW.get(modality, (-1,))
-    return Normalizer(kind, a.float().reshape(view), scale.float().reshape(view), stats)
+    return Normalizer(kind, a.float().reshape(tuple(view)), scale.float().reshape(tuple(view)), stats)
 
 
-def fit_normalizer(kind: str, batches: Iterable[torch.Tensor], modality: str) -> Normalizer:
+def fit_normalizer(kind: str, batches: Iterable[torch.Tensor], view: Sequence[int]) -> Normalizer:
     """Fit on raw train batches (B, C, H, W) or (B, F), streaming, in float64.
 
     Channels are axis 1 of a batch for both image and tabular data, so one reduction serves both.
@@ -112,5 +110,5 @@ def fit_normalizer(kind: str, batches: Iterable[torch.Tensor], modality: str) ->
         mean = total / count
         std = (total_sq / count - mean * mean).clamp_min(0).sqrt()
         mean[lo == hi] = lo[lo == hi]  # exactly the value: a constant feature is centred to exactly 0
-        return _make(kind, mean, std, modality, constant)
-    return _make(kind, lo, hi, modality, constant)
+        return _make(kind, mean, std, view, constant)
+    return _make(kind, lo, hi, view, constant)
