@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trainforge.errors import HIDDEN_CATEGORIES, UserError, printable, quote
 from trainforge.files import Unreadable, read_regular
+from trainforge.weights import preprocessing_source
 
 DEFAULT_RECIPE = "digits_cnn"
 # Upper bounds on counts: far above any real run, low enough that every later product (steps x batch,
@@ -329,17 +330,9 @@ class Config(Section):
 
 def model_source(model: ModelConfig, field: str = "data.tokenizer", what: str = "its tokenizer") -> FromModelConfig:
     """The pretrained model a model section names, for its tokenizer or preprocessing."""
-    args = model.args
-    if model.name == "hf":
-        source = args.get("pretrained") or args.get("config")
-        if isinstance(source, str) and source:
-            return FromModelConfig(family="hf", source=source, trust_remote_code=args.get("trust_remote_code") is True)
-    elif model.name == "timm" and isinstance(args.get("arch"), str):
-        return FromModelConfig(family="timm", source=args["arch"])
-    elif model.name == "resnet" and isinstance(args.get("arch"), str):
-        weights = args.get("weights")
-        named = isinstance(weights, str) and weights.replace("_", "").isalnum()  # DEFAULT, IMAGENET1K_V2; not a path
-        return FromModelConfig(family="torchvision", source=args["arch"], weights=weights if named else "DEFAULT")
+    implied = preprocessing_source(model.name, model.args)  # each family declares it (trainforge/weights.py)
+    if implied is not None:
+        return FromModelConfig(**implied)
     raise ValueError(
         f"{field}: 'model' needs a pretrained model to take {what} from, and model.name {model.name!r} names none: "
         "use model.name hf with model.args.pretrained (or a config id or directory), timm with model.args.arch, or "

@@ -72,6 +72,12 @@ def test_timm_and_torchvision_weights_are_named_too_and_a_model_from_a_config_na
     assert kinds("model.name=resnet", "model.args={arch: resnet18, weights: ./r18.pth}")[0][2] == "path"
     assert kinds("model.name=hf", "model.args={pretrained: false, config: {model_type: bert}}") == []
     assert "Pretrained models" not in quietly("slurm", "digits_cnn", [])
+    # issue 51, point 5: every family's declaration is read, the detector's COCO-weights default and timm body too
+    assert kinds("model.name=detector") == [(("model.args.pretrained",), "DEFAULT", "torchvision")]
+    assert kinds("model.name=detector", "model.args={pretrained: false, backbone: 'timm:resnet18', "
+                 "backbone_weights: true}") == [(("model.args.backbone_weights",), "resnet18", "timm")]
+    assert kinds("model.name=segmenter", "model.args={pretrained: /w/seg.pth}") == \
+        [(("model.args.pretrained",), "/w/seg.pth", "path")]
 
 
 def test_a_path_with_a_line_break_stays_inside_its_comment(tmp_path):

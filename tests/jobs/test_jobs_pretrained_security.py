@@ -263,6 +263,52 @@ def test_torchvision_weights_files_and_names(api, alice):
     refused(api.post("/api/jobs", json=job(*resnet, "model.args={arch: resnet18, weights: 5}")), "model.args.weights")
 
 
+def test_detector_segmenter_and_fusion_weights_are_checked_at_admission(api, alice):
+    """Issue 51, point 5: what the detector, segmenter and fusion families load is declared with the others
+    (trainforge/weights.py) and judged at admission: their defaults (a detector's COCO weights) too."""
+    boxes = ["model.name=detector", "data.normalize=none"]
+    refused(api.post("/api/jobs", json=job(*boxes)),  # pretrained: true by default: torchvision's COCO weights
+            "model.args.pretrained", "fasterrcnn_mobilenet_v3_large_fpn", "not in this server's torch hub cache")
+    refused(api.post("/api/jobs", json=job(*boxes, "model.args={pretrained: false, backbone_weights: true}")),
+            "model.args.backbone_weights", "mobilenet_v3_large", "not in this server's torch hub cache")
+    refused(api.post("/api/jobs", json=job(*boxes, f"model.args={{pretrained: '{alice}/weights.pth'}}")),
+            "model.args.pretrained", "outside the server's data roots")
+    refused(api.post("/api/jobs", json=job(*boxes, "model.args={pretrained: false, backbone: 'timm:resnet18', "
+                                                   f"backbone_weights: '{alice}/weights.pth'}}")),
+            "model.args.backbone_weights", "outside the server's data roots")
+    refused(api.post("/api/jobs", json=job(*boxes, "model.args={pretrained: false, backbone: 'timm:resnet18', "
+                                                   "backbone_weights: true}")),
+            "model.args.backbone_weights", "timm's weights for 'resnet18' are not in this server's")
+    masks = ["model.name=segmenter", "data.normalize=none"]
+    refused(api.post("/api/jobs", json=job(*masks, "model.args={arch: fcn_resnet50, pretrained: false, "
+                                                   "backbone_weights: true}")),
+            "model.args.backbone_weights", "resnet50", "not in this server's torch hub cache")
+    refused(api.post("/api/jobs", json=job(*masks, "model.args={pretrained: r.pth}")),
+            "model.args.pretrained", "not an absolute path")
+    refused(api.post("/api/jobs", json=job("model.name=fusion", "model.args={image_encoder: 'timm:resnet18', "
+                                                                "image_pretrained: true}")),
+            "model.args.image_pretrained", "timm's weights for 'resnet18' are not in this server's")
+
+
+def test_every_family_that_takes_weights_declares_them_and_its_defaults_are_the_builders():
+    """A model family whose builder takes a weights setting has a declaration in trainforge/weights.py (else the
+    admission and the job files would not see what it loads); the defaults declared there are the builder's."""
+    import inspect
+
+    from trainforge import weights
+    from trainforge.models.zoo import MODELS
+
+    import trainforge.models  # noqa: F401  (registers the shipped families)
+
+    settings = {"pretrained", "weights", "backbone_weights", "image_pretrained", "config"}
+    taking = {name for name in MODELS.names() if set(inspect.signature(MODELS.get(name)).parameters) & settings}
+    assert {"hf", "timm", "resnet", "detector", "segmenter", "fusion"} <= taking, taking
+    assert not taking - set(weights.LOADS), f"declare what these families load: {sorted(taking - set(weights.LOADS))}"
+    for family, defaults in (("detector", weights.DETECTOR_DEFAULTS), ("segmenter", weights.SEGMENTER_DEFAULTS)):
+        params = inspect.signature(MODELS.get(family)).parameters
+        assert {k: params[k].default for k in defaults} == defaults, family
+
+
 def test_data_from_model_is_held_to_the_same_rules(api, alice):
     model = f"model.args={{pretrained: false, config: {INLINE_BERT}}}"
     for from_model, why in [(f"{{family: hf, source: '{alice}/private-model'}}", "outside the server's data roots"),

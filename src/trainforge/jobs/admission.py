@@ -50,6 +50,7 @@ from trainforge.planning.auto import MemoryBudget
 from trainforge.planning.plan import quantize_kind, weights_floor_bytes
 from trainforge.training.api import check_names
 from trainforge.training.setup import RunSetup, resolve
+from trainforge.weights import remote_code_fields
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,7 @@ def load_submission(recipe: str, recipe_yaml: Optional[str], overrides: Sequence
         raise UserError("data.source: the job server runs the built-in data sources only, not custom code "
                         "(data.target); run custom data with `trainforge train`")
     if not allow_remote_code:
-        opted = [f for f, on in (("model.args.trust_remote_code", cfg.model.args.get("trust_remote_code") is True),
-                                 ("data.from_model.trust_remote_code",
-                                  cfg.data.from_model is not None and cfg.data.from_model.trust_remote_code)) if on]
+        opted = remote_code_fields(cfg.model.name, cfg.model.args, cfg.data.from_model)
         if opted:
             raise UserError(f"{opted[0]}: this server runs no model's own code; its operator allows it with "
                             "`trainforge server --allow-remote-code`", public=True)

@@ -39,11 +39,11 @@ from typing import Any, Optional, Sequence
 from trainforge.config import Config
 from trainforge.confine import confine, confine_tree
 from trainforge.errors import UserError, quote
+from trainforge.weights import WEIGHT_SET, Source, from_model_sources, sources
 
 HUB_PART = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9_])?"  # huggingface_hub's rule, ASCII only
 HUB_ID = re.compile(rf"{HUB_PART}(?:/{HUB_PART})?")
 NAME = re.compile(HUB_PART)  # a timm architecture (with its tag) or a torchvision one
-WEIGHT_SET = re.compile(r"[A-Za-z0-9_]{1,96}")  # DEFAULT, IMAGENET1K_V2
 HUB_GRAMMAR = "name or org/name of letters, digits, '.', '_' and '-'"
 DOWNLOAD_FLAG = "--allow-hub-downloads"
 HUB_SECRET_ENV = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")  # never passed on to a check or a job
@@ -89,55 +89,8 @@ def confine_pretrained(cfg: Config, roots: Sequence[Path], *, allow_hub_download
     """(field, real path) of every pretrained folder or file `cfg` names, each confined to `roots`; hub ids are
     checked against the grammar and, downloads off, the local caches. UserError naming the field otherwise."""
     check = _Check(tuple(roots), allow_hub_downloads)
-    model, args = cfg.model, cfg.model.args
-    if model.name == "hf":
-        pretrained = args.get("pretrained", False)
-        if isinstance(pretrained, str) and pretrained:
-            check.hf("model.args.pretrained", pretrained)
-        elif not isinstance(pretrained, (bool, str)) and pretrained is not None:
-            raise UserError("model.args.pretrained: expected a hub id, a folder under a data root or false", public=True)
-        config = args.get("config")
-        if isinstance(config, str):
-            check.hf("model.args.config", config)
-        elif isinstance(config, dict):
-            where = _names_a_file(config)
-            if where is not None:
-                raise UserError(f"model.args.config{where}: an inline config may not name files on the server (an "
-                                "absolute path, ~, .. or a prefix like local-dir:/); put the model in a folder under a "
-                                "data root and name that folder in model.args.pretrained", public=True)
-        elif config is not None:
-            raise UserError("model.args.config: expected a hub id, a folder under a data root or an inline mapping",
-                            public=True)
-    elif model.name == "timm":
-        arch = args.get("arch")
-        if isinstance(arch, str):
-            check.name("model.args.arch", arch, "a timm model name")
-        pretrained = args.get("pretrained", False)
-        if pretrained is True and not allow_hub_downloads and isinstance(arch, str):
-            check.timm_cached(arch)
-        elif isinstance(pretrained, str):
-            check.file("model.args.pretrained", pretrained)
-        elif not isinstance(pretrained, bool) and pretrained is not None:
-            raise UserError("model.args.pretrained: expected true, false or a weights file under a data root",
-                            public=True)
-    elif model.name == "resnet" and args.get("weights") is not None:
-        weights = args["weights"]
-        if not isinstance(weights, str):
-            raise UserError("model.args.weights: expected a torchvision weight-set name (DEFAULT, IMAGENET1K_V1) or "
-                            "a state-dict file under a data root", public=True)
-        if WEIGHT_SET.fullmatch(weights):
-            if not allow_hub_downloads:
-                check.torchvision_cached("model.args.weights", args.get("arch"), weights)
-        else:
-            check.file("model.args.weights", weights)
-    source = cfg.data.from_model
-    if source is not None:
-        if source.family == "hf":
-            check.hf("data.from_model.source", source.source)
-        else:
-            check.name("data.from_model.source", source.source, f"a {source.family} model name")
-        if source.weights is not None and not WEIGHT_SET.fullmatch(source.weights):
-            check.file("data.from_model.weights", source.weights)
+    for source in (*sources(cfg.model.name, cfg.model.args), *from_model_sources(cfg.data.from_model)):
+        check.source(source)
     return check.found
 
 
@@ -146,6 +99,33 @@ class _Check:
         self.roots = roots
         self.allow_hub_downloads = allow_hub_downloads
         self.found: list[tuple[str, str]] = []
+
+    def source(self, source: Source) -> None:
+        """One thing a model family or data.from_model declares it loads (trainforge/weights.py), by its kind."""
+        field, value = source.field, source.value
+        if source.kind == "hf":
+            self.hf(field, value)
+        elif source.kind == "inline":
+            where = _names_a_file(value)
+            if where is not None:
+                raise UserError(f"{field}{where}: an inline config may not name files on the server (an absolute path, "
+                                "~, .. or a prefix like local-dir:/); put the model in a folder under a data root and "
+                                "name that folder in model.args.pretrained", public=True)
+        elif source.kind == "file":
+            self.file(field, value)
+        elif source.kind == "name":
+            self.name(field, value, f"a {source.library or 'model'} model name")
+        elif source.kind == "timm":
+            self.name(field, value, "a timm model name")
+            if not self.allow_hub_downloads:
+                self.timm_cached(field, value)
+        elif source.kind == "torchvision":
+            if not WEIGHT_SET.fullmatch(value):
+                self.file(field, value)
+            elif not self.allow_hub_downloads:
+                self.torchvision_cached(field, source.arch, value)
+        else:
+            raise AssertionError(f"{field}: a source of unknown kind {source.kind!r}")
 
     def hf(self, field: str, value: str) -> None:
         """A transformers source: a folder under the roots, or a hub id (cached, unless downloads are allowed)."""
@@ -178,7 +158,7 @@ class _Check:
             raise UserError(f"{field}: {quote(value)} is not {what} (letters, digits, '.', '_' and '-'; no prefix "
                             "such as hf-hub: or local-dir:)", public=True)
 
-    def timm_cached(self, arch: str) -> None:
+    def timm_cached(self, field: str, arch: str) -> None:
         """timm's own weights for `arch`: from the Hugging Face cache (or torch's, for the older URL weights)."""
         import timm  # heavy (~1 s): only timm recipes with pretrained: true load it
 
@@ -188,8 +168,8 @@ class _Check:
             pretrained = None
         if pretrained is None:
             if timm.is_model(arch):
-                raise UserError(f"model.args.pretrained: timm has no pretrained weights for {quote(arch)}; use false "
-                                "or a weights file under a data root", public=True)
+                raise UserError(f"{field}: timm has no pretrained weights for {quote(arch)}; use false or a weights "
+                                "file under a data root", public=True)
             return  # not a timm model at all: the model's own check says so, with similar names
         hub_id = (pretrained.hf_hub_id or "").split("@")[0]
         if hub_id and is_hub_id(hub_id):
@@ -202,12 +182,11 @@ class _Check:
                 return
             where, fix = "torch hub cache", f"to put {file} in the server's $TORCH_HOME/hub/checkpoints"
         else:
-            raise UserError(f"model.args.pretrained: timm names no source for the weights of {quote(arch)}; use a "
-                            "weights file under a data root", public=True)
-        raise UserError(f"model.args.pretrained: timm's weights for {quote(arch)} are not in this server's {where}, and "
-                        f"the job server downloads nothing for a submission; ask its operator {fix} (or to start it "
-                        f"with {DOWNLOAD_FLAG}), or set model.args.pretrained to a weights file under a data root",
-                        public=True)
+            raise UserError(f"{field}: timm names no source for the weights of {quote(arch)}; use a weights file "
+                            "under a data root", public=True)
+        raise UserError(f"{field}: timm's weights for {quote(arch)} are not in this server's {where}, and the job "
+                        f"server downloads nothing for a submission; ask its operator {fix} (or to start it with "
+                        f"{DOWNLOAD_FLAG}), or set {field} to a weights file under a data root", public=True)
 
     def torchvision_cached(self, field: str, arch: Any, weights: str) -> None:
         """A torchvision weight set, which torch's hub cache must hold (it would be downloaded otherwise)."""

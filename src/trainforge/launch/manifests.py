@@ -30,6 +30,7 @@ from trainforge.config import Config, load_config
 from trainforge.errors import UserError
 from trainforge.registry import Registry
 from trainforge.layout import CONFIG, JOB_CONFIG
+from trainforge.weights import from_model_sources, sources
 
 LAUNCHERS: Registry[Callable[["JobSpec"], str]] = Registry("launcher", "launch target")
 
@@ -60,34 +61,20 @@ class Pretrained:
 
 
 def pretrained_sources(cfg: Config) -> list[Pretrained]:
-    """What `cfg` loads from outside the job file, one entry per distinct source, in config order."""
-    model, args, found = cfg.model, cfg.model.args, []
-
-    def add(field_name: str, value: Any, kind: str) -> None:
-        if isinstance(value, str) and value:
-            kind = "path" if kind == "path" or (kind == "hf" and _looks_local(value)) else kind
-            same = next((p for p in found if p.value == value), None)
-            if same is None:
-                found.append(Pretrained((field_name,), value, kind))
-            else:
-                found[found.index(same)] = dataclasses.replace(same, fields=(*same.fields, field_name))
-
-    if model.name == "hf":
-        for key in ("pretrained", "config"):
-            add(f"model.args.{key}", args.get(key), "hf")
-    elif model.name == "timm":
-        pretrained = args.get("pretrained")
-        if pretrained is True:
-            add("model.args.pretrained", args.get("arch"), "timm")
+    """What `cfg` loads from outside the job file, one entry per distinct source, in config order: what its model
+    family and data.from_model declare (trainforge/weights.py)."""
+    found: list[Pretrained] = []
+    kinds = {"hf": "hf", "timm": "timm", "torchvision": "torchvision", "file": "path"}  # name, inline: nothing read
+    for source in (*sources(cfg.model.name, cfg.model.args), *from_model_sources(cfg.data.from_model)):
+        kind = kinds.get(source.kind)
+        if kind is None or not isinstance(source.value, str) or not source.value:
+            continue
+        kind = "path" if kind == "hf" and _looks_local(source.value) else kind
+        same = next((p for p in found if p.value == source.value), None)
+        if same is None:
+            found.append(Pretrained((source.field,), source.value, kind))
         else:
-            add("model.args.pretrained", pretrained, "path")
-    elif model.name == "resnet":
-        add("model.args.weights", args.get("weights"), _weights_kind(args.get("weights")))
-    source = cfg.data.from_model
-    if source is not None:
-        if source.family == "hf":
-            add("data.from_model.source", source.source, "hf")
-        add("data.from_model.weights", source.weights, _weights_kind(source.weights))
+            found[found.index(same)] = dataclasses.replace(same, fields=(*same.fields, source.field))
     return found
 
 
@@ -95,11 +82,6 @@ def _looks_local(value: str) -> bool:
     # as the loaders read it: a folder that exists is read as one, and so is anything shaped like a path
     return (value.startswith(("/", "~", ".")) or "\\" in value or value.count("/") > 1
             or Path(value).expanduser().exists())
-
-
-def _weights_kind(weights: Any) -> str:
-    # a torchvision weight-set name (DEFAULT, IMAGENET1K_V2), as config.model_source tells them apart; else a file
-    return "torchvision" if isinstance(weights, str) and weights.replace("_", "").isalnum() else "path"
 
 
 # Where each target's nodes can read a local path, and how they keep a downloaded model between starts.

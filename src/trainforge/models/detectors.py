@@ -34,6 +34,7 @@ from trainforge.models import args as check
 from trainforge.models.base import InputSpec, materializing
 from trainforge.models.resnet import pretrained_state
 from trainforge.models.zoo import DataFit, input_spec, register_model
+from trainforge.weights import detector_backbone
 
 ARCHS = ("fasterrcnn_mobilenet_v3_large_fpn", "fasterrcnn_mobilenet_v3_large_320_fpn", "fasterrcnn_resnet50_fpn",
          "fasterrcnn_resnet50_fpn_v2", "retinanet_resnet50_fpn", "retinanet_resnet50_fpn_v2", "fcos_resnet50_fpn",
@@ -275,7 +276,7 @@ def _timm_features(timm: Any, name: str, weights: Optional[str]) -> nn.Module:
 
 def _load_backbone(model: nn.Module, arch: str) -> None:
     """ImageNet weights into the detector's backbone body (a torchvision ResNet-50 or MobileNetV3)."""
-    name = "mobilenet_v3_large" if "mobilenet" in arch else "vgg16" if "vgg" in arch else "resnet50"
+    name = detector_backbone(arch)  # declared with what the family loads (trainforge/weights.py)
     state = pretrained_state(name, "DEFAULT")
     body = model.backbone.body if hasattr(model.backbone, "body") else model.backbone
     load_matching(body, state, name, quiet=True)

@@ -25,6 +25,7 @@ from trainforge.models.base import InputSpec, materializing
 from trainforge.models.detectors import load_matching
 from trainforge.models.resnet import pretrained_state
 from trainforge.models.zoo import DataFit, input_spec, register_model
+from trainforge.weights import segmenter_backbone
 
 ARCHS = ("deeplabv3_mobilenet_v3_large", "deeplabv3_resnet50", "deeplabv3_resnet101", "fcn_resnet50", "fcn_resnet101",
          "lraspp_mobilenet_v3_large")
@@ -93,7 +94,7 @@ def build_segmenter(info: DataInfo, arch: str = "deeplabv3_mobilenet_v3_large", 
             state = pretrained_state(arch, "DEFAULT" if pretrained is True else str(pretrained), "model.args.pretrained")
             load_matching(model, {k: v for k, v in state.items() if not k.startswith("aux_classifier.")}, arch)
         elif backbone_weights:
-            body = "mobilenet_v3_large" if "mobilenet" in arch else arch.split("_", 1)[1]
+            body = segmenter_backbone(arch)  # declared with what the family loads (trainforge/weights.py)
             state = pretrained_state(body, "DEFAULT", "model.args.backbone_weights")
             # the backbone is the classifier's feature layers: a MobileNet's `features.*`, a ResNet's own names
             load_matching(model.backbone, {k.removeprefix("features."): v for k, v in state.items()}, body)
