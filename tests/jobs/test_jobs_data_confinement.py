@@ -177,7 +177,7 @@ def test_a_link_swapped_in_after_admission_is_refused_by_the_job_and_the_fence_a
         tmp_path, data_root, outside):
     service = make_service(tmp_path, "cpu:1", data_roots=[data_root])
     folder = shards_in(data_root, outside, link=False)
-    job = service.submit(Submission("digits_cnn", overrides=tuple(wds_job(folder)["overrides"])))  # real files now
+    job = service.enqueue(Submission("digits_cnn", overrides=tuple(wds_job(folder)["overrides"])))  # real files now
     service.paths(job.id).path.mkdir(parents=True)
     service.paths(job.id).recipe.write_text(job.config_yaml)
     for f in folder.glob("train-*"):  # then links to the same bytes outside every root
@@ -211,7 +211,7 @@ def test_a_link_swapped_in_after_admission_is_refused_by_the_job_and_the_fence_a
 def test_a_job_reuses_what_its_check_prepared_from_the_servers_cache_and_writes_only_its_own(tmp_path, data_root):
     write_images(data_root / "photos")
     service = make_service(tmp_path, "cpu:1", data_roots=[data_root])
-    job = service.submit(Submission("digits_cnn", overrides=(*QUICK, "train.max_steps=4", "data.source=imagefolder",
+    job = service.enqueue(Submission("digits_cnn", overrides=(*QUICK, "train.max_steps=4", "data.source=imagefolder",
                                                              f"data.path={data_root / 'photos'}",
                                                              "data.args={image_size: 8}", *SMALL)))
     cache = service.state_dir / "cache"

@@ -295,7 +295,7 @@ def test_job_processes_get_no_token_and_write_private_files(tmp_path, monkeypatc
         monkeypatch.setenv(name, value)
     service = make_service(tmp_path, "cpu:1")
     assert stat.S_IMODE(service.state_dir.stat().st_mode) == 0o700
-    job = service.submit(Submission("digits_cnn", overrides=(*QUICK, "train.max_steps=400")))
+    job = service.enqueue(Submission("digits_cnn", overrides=(*QUICK, "train.max_steps=400")))
     try:
         service.tick()
         job_dir = Path(service.get(job.id).run_dir).parent

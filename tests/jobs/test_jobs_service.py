@@ -36,8 +36,8 @@ def service(tmp_path):
 @pytest.mark.slow
 def test_a_killed_job_resumes_and_one_without_restarts_left_fails(service):
     service.start()
-    a = service.submit(Submission("digits_cnn", overrides=tuple(with_steps(150)), max_restarts=1))
-    b = service.submit(Submission("digits_cnn", overrides=tuple(with_steps(150)), max_restarts=0))
+    a = service.enqueue(Submission("digits_cnn", overrides=tuple(with_steps(150)), max_restarts=1))
+    b = service.enqueue(Submission("digits_cnn", overrides=tuple(with_steps(150)), max_restarts=0))
     dirs = {j.id: service.paths(j.id) for j in (a, b)}
     for j in (a, b):
         wait_for(lambda: latest_checkpoint_step(dirs[j.id].run) >= 4, 90, f"job {j.id}'s first checkpoint")
@@ -63,7 +63,7 @@ def test_a_killed_job_resumes_and_one_without_restarts_left_fails(service):
 def test_bad_input_exit_code_2_is_not_retried(service, tmp_path):
     csv = tmp_path / "table.csv"
     csv.write_text("a,b,label\n" + "".join(f"{i % 7},{i % 3},{i % 2}\n" for i in range(80)))
-    job = service.submit(Submission("digits_cnn", overrides=(*QUICK, "data.source=csv", f"data.path={csv}",
+    job = service.enqueue(Submission("digits_cnn", overrides=(*QUICK, "data.source=csv", f"data.path={csv}",
                                                               "model.name=mlp", "model.args={}",
                                                               "data.augment.rotation_deg=0", "data.augment.crop_scale=null",
                                                               "train.global_batch_size=8"),
@@ -86,7 +86,7 @@ def test_bad_input_exit_code_2_is_not_retried(service, tmp_path):
 @pytest.mark.slow
 def test_cancel_stops_a_running_job_after_a_checkpoint(service):
     service.start()
-    job = service.submit(Submission("digits_cnn", overrides=tuple(with_steps(5000))))
+    job = service.enqueue(Submission("digits_cnn", overrides=tuple(with_steps(5000))))
     paths = service.paths(job.id)
     wait_for(lambda: latest_checkpoint_step(paths.run) >= 4, 90, "the first checkpoint")
     assert service.cancel(job.id).state == "running"  # until the process has saved and exited
@@ -104,7 +104,7 @@ def test_small_jobs_share_a_slot_and_nothing_is_overcommitted(tmp_path):
     service = make_service(tmp_path, "cpu:2", slot_memory_gb=2.5 * need / 2**30, placement="pack")  # two per slot
     jobs = []
     try:
-        jobs = [service.submit(Submission("digits_cnn", overrides=tuple(QUICK), priority=p)) for p in (0, 0, 0, 0, 0, 1)]
+        jobs = [service.enqueue(Submission("digits_cnn", overrides=tuple(QUICK), priority=p)) for p in (0, 0, 0, 0, 0, 1)]
         service.tick()
         placed = {j.id: (service.store.get(j.id).state, service.store.get(j.id).slots) for j in jobs}
         # priority 1 first; pack (best fit) then fills cpu0 before opening cpu1; the sixth job waits for room
@@ -216,7 +216,7 @@ def test_reconcile_judges_jobs_whose_process_is_gone(service):
 
 def test_a_queued_job_too_big_for_a_restarted_servers_slots_fails_instead_of_blocking(tmp_path):
     big = make_service(tmp_path, "cpu:1", slot_memory_gb=1.0)
-    job = big.submit(Submission("digits_cnn", overrides=tuple(QUICK)))
+    job = big.enqueue(Submission("digits_cnn", overrides=tuple(QUICK)))
     small = make_service(tmp_path, "cpu:1", slot_memory_gb=job.memory_bytes / 2 / 2**30)  # same table and state
     small.tick()
     got = small.store.get(job.id)

@@ -49,7 +49,7 @@ def slurm_service(slurm_cluster, tmp_path):
 
 
 def _submit(svc, steps: int, *extra: str, gpus: int = 1, max_restarts: int = 0):
-    return svc.submit(Submission(recipe="digits_cnn", overrides=(*with_steps(steps), *extra), num_gpus=gpus,
+    return svc.enqueue(Submission(recipe="digits_cnn", overrides=(*with_steps(steps), *extra), num_gpus=gpus,
                                  max_restarts=max_restarts))
 
 
@@ -273,7 +273,7 @@ def test_slurm_jobs_survive_a_server_restart_and_none_is_submitted_twice(slurm_c
     first.stop()  # the server goes away; Slurm keeps running the job
 
     # a second job, handed to Slurm the way the server does, as if the server died before writing the id down
-    orphan = first.submit(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
+    orphan = first.enqueue(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
     name = engine_name_of(first.state_dir, orphan.id, 1)
     first.backend._submit(first.get(orphan.id), name)
     assert first.get(orphan.id).backend_id is None
@@ -306,7 +306,7 @@ def test_slurm_ignores_another_users_job_that_carries_our_jobs_name(slurm_cluste
 
     engine = Slurm(SlurmSettings(partition="debug"), env=slurm_cluster.env)
     first = make_service(tmp_path, "cpu:2", 1.0, engine=engine, engine_poll_s=0.3)  # not started: job 1 stays queued
-    job = first.submit(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
+    job = first.enqueue(Submission(recipe="digits_cnn", overrides=tuple(with_steps(12))))
     name = engine_name_of(first.state_dir, job.id, 1)
     first.store.close()
     other = add_user()
@@ -387,7 +387,7 @@ def test_slurm_a_jobs_code_cannot_reach_the_controller(slurm_cluster, tmp_path):
                        allow_remote_code=True)
     svc.start()
     try:
-        job = svc.submit(Submission(recipe="causal_lm_finetune", overrides=(
+        job = svc.enqueue(Submission(recipe="causal_lm_finetune", overrides=(
             f"data.path={data / 'docs.txt'}", f"model.args.pretrained={model}", "model.args.trust_remote_code=true",
             "data.args.block_size=32", "data.val_fraction=0.1", "data.test_fraction=0.1", *with_steps(2))))
         done = _wait_state(svc, job.id, ("succeeded", "failed"))
@@ -419,7 +419,7 @@ def test_slurm_starts_a_higher_priority_job_first_though_it_came_later(slurm_ser
     _wait_state(svc, blocker.id, ("running",))
     low = _submit(svc, 20, "name=low", gpus=2)
     wait_for(lambda: svc.get(low.id).backend_id, 60, "the low-priority job handed to Slurm")
-    high = svc.submit(Submission(recipe="digits_cnn", overrides=(*with_steps(20), "name=high"), num_gpus=2, priority=50))
+    high = svc.enqueue(Submission(recipe="digits_cnn", overrides=(*with_steps(20), "name=high"), num_gpus=2, priority=50))
     wait_for(lambda: svc.get(high.id).backend_id, 60, "the high-priority job handed to Slurm")
     lo, hi = (slurm_cluster.job_fields(svc.get(j.id).backend_id) for j in (low, high))
     assert (lo["Nice"], hi["Nice"]) == ("100", "50") and int(hi["Priority"]) > int(lo["Priority"])

@@ -54,7 +54,7 @@ def test_a_lying_tracking_server_cannot_make_a_job_write_outside_its_run_or_send
     (outside / "notes.txt").write_text("the operator's notes\n")
     with FakeTracking() as allowed, FakeTracking() as elsewhere:
         service = make_service(tmp_path, "cpu:2", tracking_uri_allow=[allowed.uri])
-        [victim] = run_all(service, [service.submit(Submission("digits_cnn", overrides=tuple(with_steps(6))))])
+        [victim] = run_all(service, [service.enqueue(Submission("digits_cnn", overrides=tuple(with_steps(6))))])
         assert victim.state == "succeeded", victim.reason
         victim_run = Path(victim.run_dir)
         victim_eval = json.loads((victim_run / "eval.json").read_text())
@@ -64,8 +64,8 @@ def test_a_lying_tracking_server_cannot_make_a_job_write_outside_its_run_or_send
         allowed.by_experiment = {"into-victim": victim_run.as_uri(), "outside": str(outside),  # file: and a bare path
                                  "other-host": f"mlflow-artifacts://127.0.0.1:{elsewhere.uri.rsplit(':', 1)[1]}/stolen"}
         with pytest.raises(UserError, match="log.mlflow.tracking_uri: .* is not a tracking server this server allows"):
-            service.submit(mlflow_job(elsewhere.uri, "direct"))  # a submitter's own server: refused at admission
-        attackers = run_all(service, [service.submit(mlflow_job(allowed.uri, name)) for name in allowed.by_experiment])
+            service.enqueue(mlflow_job(elsewhere.uri, "direct"))  # a submitter's own server: refused at admission
+        attackers = run_all(service, [service.enqueue(mlflow_job(allowed.uri, name)) for name in allowed.by_experiment])
 
     for job in attackers:
         assert job.state == "succeeded", job.reason  # the attacker's job itself trains on
@@ -87,7 +87,7 @@ def test_a_job_mirrors_its_run_into_an_allowed_mlflow_server_that_serves_its_art
     from mlflow import MlflowClient
 
     service = make_service(tmp_path, "cpu:1", tracking_uri_allow=[mlflow_server])
-    job = service.submit(Submission("digits_cnn", overrides=(
+    job = service.enqueue(Submission("digits_cnn", overrides=(
         *with_steps(4), "train.eval_every_steps=2", "log.report=true",  # the report is one of the artifacts
         f"log.mlflow={{tracking_uri: '{mlflow_server}', experiment: server-jobs, register_model: server-digits}}")))
     [job] = run_all(service, [job])

@@ -1,7 +1,7 @@
 """The command line's side of the JSON API (httpx).
 
     client = Client(server_url(None), token=None)       # --server, else $TRAINFORGE_SERVER, else http://127.0.0.1:8765
-    job = client.submit("digits_cnn", ["train.max_steps=50"], gpus=1, priority=0, max_restarts=2)
+    job = client.post_job("digits_cnn", ["train.max_steps=50"], gpus=1, priority=0, max_restarts=2)
     client.jobs(); client.job(3); client.logs(3, offset=0); client.cancel(3)
 
 Every failure is a UserError with one line: the server unreachable, a 400 (its one-line reason), a 401, a 404.
@@ -56,7 +56,7 @@ class Client:
             raise UserError(str(detail) if detail else f"the server answered {r.status_code} {r.reason_phrase} for {path}")
         return r.json()
 
-    def submit(self, recipe: str, overrides: Sequence[str], *, gpus: int = 1, priority: int = 0,
+    def post_job(self, recipe: str, overrides: Sequence[str], *, gpus: int = 1, priority: int = 0,
                max_restarts: int = 0) -> dict[str, Any]:
         """A local recipe file is sent as YAML text (the server never reads paths it is sent); else a built-in name."""
         body: dict[str, Any] = {"recipe": recipe, "overrides": list(overrides), "gpus": gpus, "priority": priority,

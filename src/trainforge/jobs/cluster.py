@@ -65,7 +65,7 @@ class Engine(Protocol):
 
     def check(self) -> Optional[str]: ...
 
-    def submit(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
+    def start_batch_job(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
                env: Mapping[str, str], comment: str = "") -> str: ...
 
     def poll(self) -> dict[str, EngineJob]: ...
@@ -302,7 +302,7 @@ class ClusterBackend:
         paths.exit.unlink(missing_ok=True)
         env = {**service.job_env(job), **private_cache_env(paths.tmp), "PYTHONUNBUFFERED": "1"}
         mem_mb = math.ceil(nproc * (job.memory_bytes + PROCESS_BASE_BYTES) / 2**20) if cpu else None
-        return self.engine.submit(script, job_dir=paths.path, log=paths.log, name=name, mem_mb=mem_mb,
+        return self.engine.start_batch_job(script, job_dir=paths.path, log=paths.log, name=name, mem_mb=mem_mb,
                                   nice=nice_of(job.priority), env=env, comment=engine_comment(self._key, name))
 
     # ------------------------------------------------------------ cancel

@@ -242,7 +242,7 @@ def submit(
     as_json: bool = JsonOpt,
 ) -> None:
     """Queue a training job: validated and sized by the server's planner; rejected if it can never fit."""
-    job = _client(server, token).submit(recipe, overrides or [], gpus=gpus, priority=priority, max_restarts=max_restarts)
+    job = _client(server, token).post_job(recipe, overrides or [], gpus=gpus, priority=priority, max_restarts=max_restarts)
     if as_json:
         print_json(job)
         return

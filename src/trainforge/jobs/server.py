@@ -243,7 +243,7 @@ def create_app(service: JobService, *, token: Optional[str] = None, allowed_host
 
     @app.post("/api/jobs", response_model=JobOut, status_code=201)
     async def submit(body: SubmitIn, who: Annotated[str, Depends(submitter_of)]) -> dict[str, Any]:
-        job = await service.submit_async(Submission(
+        job = await service.enqueue_async(Submission(
             recipe=body.recipe, recipe_yaml=body.recipe_yaml, overrides=tuple(body.overrides), num_gpus=body.gpus,
             priority=body.priority, max_restarts=body.max_restarts, submitter=who))
         return service.view(job)

@@ -2,7 +2,7 @@
 
     service = JobService(Store(url), parse_slots("cpu:4", 4), state_dir="runs/server")
     service.start()                        # reconcile with reality, then a background loop every poll_s
-    job = service.submit(recipe="digits_cnn", overrides=["train.max_steps=50"])
+    job = service.enqueue(Submission(recipe="digits_cnn", overrides=("train.max_steps=50",)))
     service.cancel(job.id)
     service.stop()                         # the loop stops; running jobs keep running (a restart adopts them)
 
@@ -184,9 +184,9 @@ class JobService:
             doc["log_path"] = job.log_path
         return doc
 
-    # ------------------------------------------------------------ submit and cancel (any thread)
+    # ------------------------------------------------------------ enqueue and cancel (any thread)
 
-    def submit(self, sub: Submission) -> Job:
+    def enqueue(self, sub: Submission) -> Job:
         """Validate, size and queue a job (blocking: runs the planner); UserError when it is bad or can never fit."""
         if sub.num_gpus < 1:
             raise UserError(f"--gpus: expected 1 or more GPUs per job, got {sub.num_gpus}")
@@ -245,9 +245,9 @@ class JobService:
                 self._admitted.popitem(last=False)
         return admitted
 
-    async def submit_async(self, sub: Submission) -> Job:
-        """`submit` on the admission thread, so the event loop keeps answering while the planner runs."""
-        return await asyncio.get_running_loop().run_in_executor(self._admit_pool, partial(self.submit, sub))
+    async def enqueue_async(self, sub: Submission) -> Job:
+        """`enqueue` on an admission thread, so the event loop keeps answering while the planner runs."""
+        return await asyncio.get_running_loop().run_in_executor(self._admit_pool, partial(self.enqueue, sub))
 
     def cancel(self, job_id: int) -> Job:
         """Queued: cancelled now. Running: the backend stops it (the trainer checkpoints and exits; SIGKILL after

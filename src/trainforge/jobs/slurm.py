@@ -3,7 +3,7 @@ server keeps its queue, priorities, admission, restarts, logs and dashboard.
 
     slurm = Slurm(SlurmSettings(partition="gpu", account="vision"))
     slurm.check()                                    # sbatch on PATH, the partition exists (a UserError: one line)
-    job_id = slurm.submit(script, job_dir=d, log=d / "log.txt", mem_mb=2200, nice=100, env=job_env)
+    job_id = slurm.start_batch_job(script, job_dir=d, log=d / "log.txt", mem_mb=2200, nice=100, env=job_env)
     states = slurm.poll()                            # {"123": EngineJob(phase="running", ...), ...}
     slurm.cancel("123")
 
@@ -144,7 +144,7 @@ class Slurm:
             raise UserError(f"--backend slurm: {line}")
         return None
 
-    def submit(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
+    def start_batch_job(self, script: Path, *, job_dir: Path, log: Path, name: str, mem_mb: Optional[int], nice: int,
                env: Mapping[str, str], comment: str = "") -> str:
         """sbatch the job file; Slurm's job id. The log appends (a requeued or restarted job adds to it)."""
         argv = ["sbatch", "--parsable", f"--job-name={name}", f"--output={log}", "--open-mode=append",

@@ -8,7 +8,7 @@
 A source's samples (data/pool.py `Samples`) read, clean and cache the records of their format; what follows from the
 kind of values they hold is asked of the modality here: whether normalization is fitted on them and how it
 broadcasts, which augmentation applies, whether a pretrained model's preprocessing and a tokenizer apply, what the
-preprocessing record keeps, the picture of a sample, and how `trainforge predict` reads a user's file. The pipeline,
+preprocessing record keeps, and how `trainforge predict` reads a user's file. The pipeline,
 the normalizer and serving ask; none of them names a modality. A new kind of input is one module that subclasses
 `Modality` and calls `register_modality` (docs/architecture.md "Adding a modality").
 """
@@ -59,15 +59,6 @@ class Modality:
     def record(self, value_range: tuple[float, float]) -> dict[str, Any]:
         """What the preprocessing record (stored with the model) keeps for this modality besides normalization."""
         return {}
-
-    def picture(self, sample: np.ndarray) -> np.ndarray:
-        """One sample (channels first) as a (C, H, W) picture: the sample itself for an image; a volume's middle
-        slice. Raises ValueError for a modality that has none."""
-        if self.spatial_dims < 2:
-            raise ValueError(f"a {self.name} sample has no picture")
-        while sample.ndim > 3:
-            sample = sample[..., sample.shape[-1] // 2]
-        return sample
 
     def reader(self, meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] = None) -> Reader:
         """`trainforge predict`'s reader of the user's files for a model whose one input is of this modality (the
