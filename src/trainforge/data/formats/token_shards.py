@@ -20,9 +20,9 @@ directory, then renamed into place, so a crash mid-prepare leaves nothing a late
 clears it and starts again). The corpus is cut into tasks of about SHARD_BYTES (files grouped, a large file
 cut at line ends), one shard each, tokenized by a process pool.
 
-Reading copies each window out of the mapping and drops its pages from the process again (madvise), so a
-rank's resident memory does not grow with the corpus or with how much of it an epoch has read; the file pages
-stay in the page cache, shared by every process of the machine. Torch-free: the pool's workers import only
+Reading `pread`s each window's bytes (nothing is memory-mapped), so a rank's resident memory does not grow with
+the corpus or with how much of it an epoch has read; the file pages stay in the page cache, shared by every
+process of the machine. Torch-free: the pool's workers import only
 this module, the tokenizers of data/text (`codec`, `tokenizer`), numpy and `tokenizers` (`datasets` for an
 `hf_datasets` corpus).
 """
@@ -32,7 +32,6 @@ import codecs
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import sys
@@ -550,46 +549,47 @@ def trained_once(corpus: Corpus, settings: dict[str, Any], train: Callable[[], T
 
 
 class TokenShards:
-    """The token stream of a shard directory, read by position without loading it: `read(start, stop)`."""
+    """The token stream of a shard directory, read by position without loading it: `read(start, stop)`.
+
+    Each read is a `pread` of the bytes it needs: nothing of the files is mapped into the process, so its resident
+    memory stays the same however large the corpus and however much of it an epoch has read (a memory map's fault
+    brings neighbouring pages in as well, which madvise on the window alone leaves resident)."""
 
     def __init__(self, index: ShardIndex) -> None:
         self.paths = [check_read(index.directory / name, "data.path") for name in index.shard_files]
         self.dtype = np.dtype(index.dtype)
         self.starts = np.concatenate([[0], np.cumsum(index.shard_tokens, dtype=np.int64)]).tolist()
         self.tokens = int(self.starts[-1])
-        self._maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self._fds: dict[int, int] = {}
 
-    def __getstate__(self) -> dict[str, Any]:  # a spawned data worker maps the files itself
-        return {**self.__dict__, "_maps": {}}
+    def __getstate__(self) -> dict[str, Any]:  # a spawned data worker opens the files itself
+        return {**self.__dict__, "_fds": {}}
 
-    def _map(self, i: int) -> tuple[mmap.mmap, np.ndarray]:
-        if i not in self._maps:
-            with open(self.paths[i], "rb") as f:
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[i] = (mm, np.frombuffer(mm, dtype=self.dtype))
-        return self._maps[i]
+    def __del__(self) -> None:
+        for fd in getattr(self, "_fds", {}).values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _fd(self, i: int) -> int:
+        if i not in self._fds:  # pread takes its own offset: a forked worker may share the descriptor
+            self._fds[i] = os.open(self.paths[i], os.O_RDONLY | os.O_CLOEXEC)
+        return self._fds[i]
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop) as int64, across shard boundaries; the pages read leave the process' memory."""
+        """Tokens [start, stop) as int64, across shard boundaries."""
         assert 0 <= start <= stop <= self.tokens, (start, stop, self.tokens)
         out = np.empty(stop - start, dtype=np.int64)
-        i, pos = bisect_right(self.starts, start) - 1, start
+        i, pos, size = bisect_right(self.starts, start) - 1, start, self.dtype.itemsize
         while pos < stop:
             take = min(stop, self.starts[i + 1]) - pos
             if take > 0:
-                mm, tokens = self._map(i)
                 lo = pos - self.starts[i]
-                out[pos - start : pos - start + take] = tokens[lo : lo + take]
-                drop_pages(mm, lo * self.dtype.itemsize, take * self.dtype.itemsize)
+                data = os.pread(self._fd(i), take * size, lo * size)
+                if len(data) != take * size:  # the shard shrank after it was checked
+                    raise UserError(f"data.path: token shard {self.paths[i]} is shorter than its index says; "
+                                    "prepare the corpus again (trainforge data prepare RECIPE --rebuild)")
+                out[pos - start : pos - start + take] = np.frombuffer(data, dtype=self.dtype)
             pos += take
             i += 1
         return out
-
-
-def drop_pages(mm: mmap.mmap, offset: int, length: int) -> None:
-    """Unmap the pages holding [offset, offset + length) from this process (they stay in the page cache): what
-    training read does not pile up in its resident memory."""
-    if hasattr(mmap, "MADV_DONTNEED"):
-        page = offset - offset % mmap.PAGESIZE
-        mm.madvise(mmap.MADV_DONTNEED, page, offset + length - page)
 

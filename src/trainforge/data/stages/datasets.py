@@ -11,7 +11,7 @@ their size and a resumed run sees what the uninterrupted one saw. The source rec
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
@@ -23,6 +23,13 @@ from trainforge.data.seeding import generator_for
 
 Transform = Callable[[torch.Tensor], torch.Tensor]
 Augmenter = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+
+
+def index_array(indices: Any) -> np.ndarray:
+    """A split's sample indices as an integer array, kept in its own integer type (a large corpus' contiguous
+    split is int32: its windows' indices cost 4 bytes each, not 8)."""
+    a = np.asarray(indices)
+    return a if a.dtype.kind in "iu" else a.astype(np.int64)
 
 
 def read_or_replace(samples: Samples, indices: np.ndarray, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,7 +44,7 @@ def read_or_replace(samples: Samples, indices: np.ndarray, index: int) -> tuple[
 
 class EvalDataset(Dataset):
     def __init__(self, samples: Samples, indices: np.ndarray, normalize: Optional[Transform] = None) -> None:
-        self.samples, self.indices, self.normalize = samples, np.asarray(indices, dtype=np.int64), normalize
+        self.samples, self.indices, self.normalize = samples, index_array(indices), normalize
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -60,7 +67,7 @@ class TrainDataset(Dataset):
         normalize: Optional[Transform] = None,
         order: Optional[ShardOrder] = None,
     ) -> None:
-        self.samples, self.indices = samples, np.asarray(indices, dtype=np.int64)
+        self.samples, self.indices = samples, index_array(indices)
         self.seed, self.augment, self.normalize = seed, augment, normalize
         self.order = order  # sharded data: the order its sampler deals out (data/stages/loader.py); else a permutation
 

@@ -47,7 +47,9 @@ def run_steps(train: TrainConfig, train_samples: int) -> int:
 
 def epoch_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
     """The epoch's permutation of sample indices, from a generator seeded by (seed, epoch)."""
-    return torch.randperm(num_samples, generator=generator_for("order", seed, epoch))
+    # int32 below 2**31 samples: half the memory of a large corpus' order, and the same permutation as int64
+    dtype = torch.int32 if num_samples < 2**31 else torch.int64
+    return torch.randperm(num_samples, generator=generator_for("order", seed, epoch), dtype=dtype)
 
 
 class PositionBatchSampler(Sampler[list[Key]]):

@@ -80,10 +80,15 @@ def random_split(
     return {"train": train, "val": val, "test": test}, method
 
 
+def index_dtype(n: int) -> type:
+    """The smallest integer type that holds indices below `n` (int32 up to 2**31 samples)."""
+    return np.int32 if n < 2**31 else np.int64
+
+
 def contiguous_split(n: int, val_fraction: float, test_fraction: float) -> Splits:
     """[train | val | test] in order: for sequences cut from one text, so splits never overlap."""
     n_train, n_val, _ = split_counts(n, val_fraction, test_fraction)
-    idx = np.arange(n)
+    idx = np.arange(n, dtype=index_dtype(n))  # a large corpus' windows: 4 bytes each, not 8
     return {"train": idx[:n_train], "val": idx[n_train : n_train + n_val], "test": idx[n_train + n_val :]}
 
 
