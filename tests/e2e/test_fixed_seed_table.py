@@ -1,4 +1,4 @@
-"""Every shipped recipe at a fixed seed: its first 20 training losses and its eval.json, against the table stored
+"""Every shipped recipe at a fixed seed: its first 10 training losses and its eval.json, against the table stored
 beside this file (fixed_seed_table.json). Issue 41 moves classification, language modelling and chat onto one task
 interface "with behaviour unchanged"; this table, written by the code before that change, is what unchanged means
 (to 1e-6). Each recipe runs scaled down as test_recipes_run.py runs it (tiny local stand-ins for hub models),
@@ -37,7 +37,7 @@ from trainforge.config import builtin_recipes
 from trainforge.metrics_file import read_metrics
 
 TABLE = Path(__file__).with_name("fixed_seed_table.json")
-STEPS = 20
+STEPS = 10
 TOLERANCE = 1e-6
 PINNED = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "MKL_DYNAMIC": "FALSE", "MKL_CBWR": "COMPATIBLE",
           "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
