@@ -21,6 +21,27 @@ from mlflow_server import run_mlflow_server
 from postgres_server import Postgres, postgres_bin
 from slurm_cluster import SlurmCluster, slurm_missing
 
+# The modules that take longest (minutes on 2 cores, `--durations` of .ci/run), longest first. `make test` hands
+# modules to its workers in collection order (pytest-xdist --dist loadscope), so these go first: a long module
+# started last would run alone while the other workers idle. Only the order changes; a module missing here keeps
+# its place after them.
+LONGEST_FIRST = (
+    "jobs/test_jobs_slurm.py", "e2e/test_detection.py", "e2e/test_segmentation.py", "e2e/test_fixed_seed_table.py",
+    "distributed/test_launch_slurm.py", "e2e/test_medical_volumes.py", "e2e/test_fusion.py",
+    "benchmarks/test_gpu_check.py", "e2e/test_hostile_files_round3.py", "jobs/test_jobs_dashboard.py",
+    "e2e/test_distill_tasks.py", "planning/test_plan.py", "e2e/test_plugin_tasks.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+    def place(item) -> int:
+        path = item.path.as_posix()
+        return next((i for name, i in rank.items() if path.endswith("/tests/" + name)), len(rank))
+
+    items.sort(key=place)  # stable: the rest keep pytest's order
+
 
 @pytest.fixture
 def browser():
