@@ -115,3 +115,33 @@ def test_a_detectors_tolerance_counts_map_50_points():
     assert rec.name == "int8" and "within 1 map_50 point of fp32" in rec.reason
     variants[1]["map_50"] = 0.78  # 2 points lost
     assert recommend(variants, points="map_50").name == "fp32"
+
+
+def test_a_detector_is_recommended_by_its_batch_1_latency_as_it_is_served():
+    """Issue 55: a detector is served image by image (`Task.served_batch` 1). The recorded run: int8 59.6 ms against
+    fp32's 53.3 ms at batch 1, 2,246 against 2,318 ms at batch 32. Batch 32 alone would pick int8; batch 1 says fp32,
+    and the table's speedup column is the batch-1 one, flagged slower."""
+    from trainforge.compression.recommend import batch_key
+    from trainforge.tasks import TASKS
+
+    def measured(name: str, b1: float, b32: float) -> dict:
+        r = row(name, b32, 100_000 if name == "fp32" else 30_000, accuracy=None, map_50=0.83)
+        r["latency_ms"] = {"b1": b1, "b32": b32}
+        return r
+
+    variants = [measured("fp32", 53.3, 2318.0), measured("int8", 59.6, 2246.0)]
+    assert recommend(variants, points="map_50").name == "int8"  # the old rule: batch 32
+    served = batch_key(TASKS.get("detection").served_batch)
+    assert served == "b1" and batch_key(TASKS.get("classification").served_batch) == "b32"
+    rec = mark(variants, points="map_50", batch=served)
+    assert rec.name == "fp32" and "is faster at batch 1" in rec.reason and "int8 59.600 ms" in rec.reason
+    assert [v["slower_than_fp32"] for v in variants] == [False, True]
+    for v in variants:
+        v.update(params=1000, flops=2000, size_ratio=1.0, latency_p90_ms=v["latency_ms"],
+                 throughput_per_s={"b32": 1.0}, speedup={k: variants[0]["latency_ms"][k] / v["latency_ms"][k]
+                                                         for k in ("b1", "b32")})
+    doc = {"task": "detection", "threads": 1, "test_samples": 8, "variants": variants, "out": "/out",
+           "recommendation": {"variant": rec.name, "reason": rec.reason, "points": "map_50", "batch": served}}
+    table = rows(doc)
+    assert table[1][8] == f"{53.3 / 59.6:.2f}x slower"  # the batch-1 figure the choice was made on
+    assert "<th>speedup b1</th>" in report_section(doc)

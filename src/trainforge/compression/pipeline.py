@@ -34,7 +34,7 @@ from trainforge.compression.export import export_onnx
 from trainforge.compression.prune import PruneResult, PruningUnsupported, count, prune_model
 from trainforge.compression.quantize import choose_method, quantize_onnx
 from trainforge.compression.options import CompressOptions  # noqa: F401  (compress takes one)
-from trainforge.compression.recommend import mark
+from trainforge.compression.recommend import batch_key, mark
 from trainforge.compression.render import report_section
 from trainforge.compression.torchao_quant import torchao_variant
 from trainforge.config import config_from_dict
@@ -164,7 +164,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     add_comparisons(variants)
     # the tolerance counts points of the task's quality where it is a fraction to maximize (accuracy, mAP@.5, mIoU)
     points = task.quality[0] if task.direction(task.quality[0]) == "max" else "accuracy"
-    choice = mark(variants, options.accuracy_tolerance_pt, points)
+    served = batch_key(task.served_batch)  # the latency a user gets: batch 1 for a task served image by image
+    choice = mark(variants, options.accuracy_tolerance_pt, points, served)
     log(f"recommended: {choice.reason}")
     doc = {
         "checkpoint": str(trained.source),
@@ -177,7 +178,8 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
         "test_samples": len(test),
         "variants": variants,
         "recommendation": {"variant": choice.name, "file": FILE_NAMES[choice.name], "reason": choice.reason,
-                           "accuracy_tolerance_pt": options.accuracy_tolerance_pt, "points": points},
+                           "accuracy_tolerance_pt": options.accuracy_tolerance_pt, "points": points,
+                           "batch": served},
     }
     (out_dir / COMPRESS_RECORD).write_text(json.dumps(doc, indent=1))
     write_manifest(out_dir)  # last: it vouches for every file above, the ones predict serves included

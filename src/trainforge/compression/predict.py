@@ -127,7 +127,8 @@ def folder_variants(folder: Path, digests: Optional[dict[str, str]]) -> tuple[di
             return files, marked[0]
         recorded = doc.get("recommendation") or {}
         tolerance = recorded.get("accuracy_tolerance_pt", ACCURACY_TOLERANCE_PT)
-        return files, recommend(doc["variants"], float(tolerance), str(recorded.get("points", "accuracy"))).name
+        return files, recommend(doc["variants"], float(tolerance), str(recorded.get("points", "accuracy")),
+                                str(recorded.get("batch", "b32"))).name
     except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError):
         raise UserError(f"ARTIFACT: {record} is damaged or not a `trainforge compress` record; re-run "
                         "`trainforge compress` or pass one of its .onnx files") from None

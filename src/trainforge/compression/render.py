@@ -21,9 +21,20 @@ RECOMMENDED_MARK = " *"
 SLOWER = " slower"
 
 
+def served_batch(doc: dict[str, Any]) -> str:
+    """The latency column the recommendation was made on (b32; b1 for a task served one sample at a time)."""
+    return str((doc.get("recommendation") or {}).get("batch", "b32"))
+
+
+def columns(doc: dict[str, Any]) -> tuple[str, ...]:
+    """COLUMNS, the speedup at the batch the recommendation used."""
+    return tuple(f"speedup {served_batch(doc)}" if c == "speedup b32" else c for c in COLUMNS)
+
+
 def rows(doc: dict[str, Any]) -> list[list[str]]:
     out = []
     metric = TASKS.get(doc["task"]).quality[0]
+    served = served_batch(doc)
     for v in doc["variants"]:
         lat, p90 = v["latency_ms"], v["latency_p90_ms"]
         value: Optional[float] = v.get(metric)
@@ -36,7 +47,7 @@ def rows(doc: dict[str, Any]) -> list[list[str]]:
             f"{lat['b1']:.3f} ({p90['b1']:.3f})",
             f"{lat['b32']:.3f} ({p90['b32']:.3f})",
             f"{v['throughput_per_s']['b32']:,.0f}",
-            f"{v['speedup']['b32']:.2f}x" + (SLOWER if v.get("slower_than_fp32") else ""),
+            f"{v['speedup'][served]:.2f}x" + (SLOWER if v.get("slower_than_fp32") else ""),
             "-" if value is None else (f"{100 * value:.2f}%" if metric == "accuracy" else f"{value:.3f}"),
             "" if v.get("accuracy_delta_pt") is None else f"{v['accuracy_delta_pt']:+.2f}",
             _si(v["params"]),  # the terminal's compact form
@@ -52,7 +63,9 @@ def rich_table(doc: dict[str, Any]) -> Table:
     table = Table(title=f"compression ({doc['threads']} CPU thread(s); metric on {doc['test_samples']} test samples)",
                   box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 0))
     metric = TASKS.get(doc["task"]).quality[1]
+    gain = f"{served_batch(doc)} gain"
     for i, name in enumerate(TERMINAL_COLUMNS):
+        name = gain if name == "b32 gain" else name
         table.add_column(metric if name == "metric" else name, justify="left" if i == 0 else "right", no_wrap=True)
     for r in rows(doc):
         table.add_row(r[0], r[11], r[3].replace(".0 ", " "), r[4], r[5].split()[0], r[6].split()[0], r[8], r[9], r[10])
@@ -67,7 +80,7 @@ def recommendation_line(doc: dict[str, Any]) -> str:
 
 def report_section(doc: dict[str, Any]) -> str:
     metric = TASKS.get(doc["task"]).quality[2]
-    head = "".join(f"<th>{escape(metric if c == 'metric' else c)}</th>" for c in COLUMNS)
+    head = "".join(f"<th>{escape(metric if c == 'metric' else c)}</th>" for c in columns(doc))
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r[:len(COLUMNS)]) + "</tr>" for r in rows(doc))
     notes = [f"Latency: onnxruntime on the CPU with {doc['threads']} thread(s), median (p90) of repeated runs; "
              f"metrics on the test split ({doc['test_samples']} samples)."]

@@ -68,6 +68,9 @@ class Task:
     # the exported graph's fixed batch (a detector's graph takes one image: `serve` calls it once per image), or None
     # for a graph whose batch axis is dynamic
     export_batch_size: Optional[int] = None
+    # the batch `trainforge predict` serves the exported model at: compress recommends a variant by its latency
+    # there (1: a detector, called image by image; 32, the throughput column, for a task served in batches)
+    served_batch: int = 32
     # None when the planner simulates this task's training step on fake tensors, else why it cannot (`plan` says it
     # in one line; `micro_batch_size: auto` takes the whole per-process batch and leaves the rest to OOM recovery)
     simulation_refusal: Optional[str] = None

@@ -51,6 +51,7 @@ class Detection(Task):
     default_metric = "map"
     higher_is_better = frozenset(METRICS)
     quality = ("map_50", "mAP@.5", "test mAP at IoU 0.5")
+    served_batch = 1  # `serve` calls the graph once per image: batch 1's latency is what a user gets
     simulation_refusal = ("a detector picks its proposals and matches its boxes by their values (nonzero, nms), which "
                           "fake tensors cannot follow")
     chart_metrics = ("map", "map_50", "map_75", "mar_100")
