@@ -55,6 +55,9 @@ def test_submit_list_show_logs_cancel(tmp_path, capsys, monkeypatch):
         code, out, _ = cli(capsys, "jobs", "show", "1", "--json")
         shown = json.loads(out)
         assert shown["progress"]["step"] == 20 and "name: x$(touch${IFS}pwned)" in shown["config_yaml"]
+        assert shown["memory_per"] == "slot"  # issue 55: CPU slots (--gpus cpu:2), not GPUs
+        code, out, _ = cli(capsys, "jobs", "show", "1")
+        assert code == 0 and "memory per slot" in out and "per GPU" not in out
         code, out, _ = cli(capsys, "jobs", "logs", "1", "--follow")  # returns: the job has ended
         assert code == 0 and "test accuracy" in out and "attempt 1 ended: succeeded" in out
 

@@ -40,6 +40,9 @@ def test_submit_through_the_page_and_watch_the_curves(tmp_path, browser):
         assert int(metric.get_attribute("data-points")) == 2  # evaluations at steps 10 and 20
         wait.until(lambda d: "test accuracy" in d.find_element(By.ID, "log").text)
         assert "max_steps: 20" in browser.find_element(By.ID, "config").text
+        # issue 55: a CPU slot's memory is per slot, on the page and in the API's job document
+        assert browser.find_element(By.ID, "job-memory-label").text == "memory per slot"
+        assert server.service.view(server.service.get(1))["memory_per"] == "slot"
         assert not browser.find_element(By.ID, "val-images").is_displayed()  # a classifier draws no picture
 
         # a run with a validation picture (detection, segmentation write val_images.png) shows it, fetched with the

@@ -246,7 +246,7 @@ def submit(
     if as_json:
         print_json(job)
         return
-    out.print(f"queued job {job['id']} ({_cell(job['name'])}): {job['memory_bytes'] / 2**20:.1f} MiB per GPU, "
+    out.print(f"queued job {job['id']} ({_cell(job['name'])}): {job['memory_bytes'] / 2**20:.1f} MiB per {job.get('memory_per', 'GPU')}, "
               f"priority {job['priority']}", highlight=False, soft_wrap=True)
 
 
@@ -276,7 +276,7 @@ def show(job_id: int = typer.Argument(..., help="Job id."), server: Optional[str
     table = Table(title=f"job {job['id']}", show_header=False)
     rows = [("name", job["name"]), ("state", job["state"]), ("reason", job["reason"] or ""),
             ("recipe", job["recipe"]), ("overrides", " ".join(job["overrides"])), ("GPUs", ",".join(job["gpus"])),
-            ("memory per GPU", f"{job['memory_bytes'] / 2**20:.1f} MiB"), ("progress", _progress(job)),
+            (f"memory per {job.get('memory_per', 'GPU')}", f"{job['memory_bytes'] / 2**20:.1f} MiB"), ("progress", _progress(job)),
             ("restarts", f"{job['restarts']} of {job['max_restarts']}"), ("priority", str(job["priority"])),
             ("run dir", job["run_dir"]), ("log", job["log_path"])]
     for k, v in rows:

@@ -146,7 +146,8 @@ class JobOut(BaseModel):
     attempt: int
     recipe: str
     overrides: list[str]
-    memory_bytes: int
+    memory_bytes: int  # the planner's predicted peak, reserved on each of its slots
+    memory_per: str  # what memory_bytes is per: "GPU" where the slots are GPUs, else "slot" (--gpus cpu:N)
     reason: Optional[str]
     cancel_requested: bool
     submitted_at: float

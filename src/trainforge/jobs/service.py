@@ -106,6 +106,8 @@ class JobService:
         self.store = store
         self.slots = list(slots)
         self.slot_by_id = {s.id: s for s in self.slots}
+        # what memory_bytes is counted per: a GPU where every slot is one, else a slot (`--gpus cpu:N`)
+        self.memory_per = "GPU" if all(s.kind == "gpu" for s in self.slots) else "slot"
         self.state_dir = Path(state_dir).resolve()
         private_dir(self.state_dir)
         self.poll_s = poll_s
@@ -178,6 +180,7 @@ class JobService:
             "cancel_requested": job.cancel_requested, "submitted_at": job.submitted_at,
             "started_at": job.started_at, "finished_at": job.finished_at, "pid": job.pid,
             "progress": self._progress(job), "backend": self.backend_of(job), "backend_id": job.backend_id,
+            "memory_per": self.memory_per,
         }
         if detail:
             doc[CONFIG_TEXT] = job.config_yaml

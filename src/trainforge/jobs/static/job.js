@@ -60,6 +60,7 @@
     document.getElementById("job-recipe").textContent = job.recipe;
     document.getElementById("job-overrides").textContent = job.overrides.join(" ");
     document.getElementById("job-memory").textContent = tf.mib(job.memory_bytes);
+    document.getElementById("job-memory-label").textContent = "memory per " + (job.memory_per || "slot");
     document.getElementById("job-priority").textContent = job.priority;
     document.getElementById("job-run-dir").textContent = job.run_dir;
     document.getElementById("config").textContent = job.config_yaml;
