@@ -703,3 +703,13 @@ def test_a_task_whose_own_serving_code_fails_is_one_line(digits, tmp_path, capsy
     path = with_meta(digits.plain, tmp_path / "m.onnx", dict(digits.meta, task="broken"))
     message = one_line_error(["predict", str(path), digits.pngs[0]], capsys, "its task 'broken'")
     assert "failed in predictions: KeyError" in message and "test_predict.py:" in message
+
+
+def test_a_pictures_file_is_named_after_its_input_and_two_inputs_of_one_name_keep_their_folders():
+    """Issue 55: `street.jpg` -> `street.png`; `a/street.jpg` and `b/street.jpg` -> `a_street.png`, `b_street.png`;
+    a scan's double suffix goes too (`ct0.nii.gz` -> `ct0.png`)."""
+    from trainforge.compression.predict import picture_names
+
+    inputs = ["a/street.jpg", "b/street.jpg", "frame.png", "/scans/ct0.nii.gz"]
+    name_of = picture_names(inputs)
+    assert [name_of(n, i) for i, n in enumerate(inputs)] == ["a_street.png", "b_street.png", "frame.png", "ct0.png"]

@@ -91,6 +91,62 @@ def test_a_small_detector_learns_the_shapes(shapes, tmp_path, capsys):
     check_compressed_and_served(run, ev, shapes / fmt, tmp_path, capsys)
 
 
+WIDE = {"side": 64, "width": 192}  # 3:1 frames (KITTI's camera is 3.3:1), fitted to a 96-pixel side
+
+
+@pytest.fixture(scope="module")
+def wide_shapes(tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("wide")
+    truth = write_shapes(root, n=160, seed=5, formats=("coco",), **WIDE)
+    return root, {file: (boxes, names) for file, boxes, names in truth}
+
+
+def iou(a: list[float], b: list[float]) -> float:
+    w, h = min(a[2], b[2]) - max(a[0], b[0]), min(a[3], b[3]) - max(a[1], b[1])
+    inter = max(w, 0) * max(h, 0)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+def test_keep_aspect_detects_wide_frames_as_well_as_stretch_and_predict_answers_in_the_files_pixels(
+        wide_shapes, tmp_path, capsys):
+    """Issue 55: on 192x64 frames, keep_aspect (the default: a 96x32 input) reaches at least stretch's map_50 (a
+    96x96 input, every object three times taller) on the same data and seed. predict on a test frame answers in its
+    pixels: width 192, height 64, the best box over an annotated one with IoU >= 0.7, the picture 192x64 named
+    after the file; the exported graph takes the frame's own aspect."""
+    root, truth = wide_shapes
+    maps = {}
+    for mode in ("keep_aspect", "stretch"):
+        cfg = trainforge.load_config("coco_detection_finetune", [
+            "data.source=coco", f"data.path={root / 'coco'}", f"data.args={{image_size: 96, resize: {mode}}}", SMALL,
+            *TRAIN, "train.max_steps=80", "train.eval_every_steps=80", "train.global_batch_size=8",
+            "train.micro_batch_size=8", "log.report=false"])
+        assert trainforge.train(cfg, run_dir=tmp_path / mode).status == "completed"
+        maps[mode] = json.loads((tmp_path / mode / "eval.json").read_text())["map_50"]
+    assert maps["keep_aspect"] >= max(maps["stretch"], 0.5), maps
+
+    run = tmp_path / "keep_aspect"
+    with pytest.raises(SystemExit) as code:
+        main(["compress", str(run), "--quantize", "none", "--bench-seconds", "0.1", "--json"])
+    assert code.value.code in (0, None)
+    capsys.readouterr()
+    trained = load_trained(run / "final")
+    bundle = build_data(trained.config.data, seed=trained.config.seed, stored=trained.preprocess)
+    files = [bundle.test.samples.ids[int(i)] for i in bundle.test.indices[:3]]
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(run / "compressed"), *(str(root / "coco" / "images" / f) for f in files),
+              "--images", str(tmp_path / "drawn"), "--json"])
+    assert code.value.code in (0, None)
+    for file, p in zip(files, json.loads(capsys.readouterr().out)["predictions"]):
+        assert (p["width"], p["height"]) == (192, 64)
+        best = max(p["detections"], key=lambda d: d["score"])
+        boxes, _ = truth[file]
+        assert max(iou(best["box"], list(b)) for b in boxes) >= 0.7, (file, best, boxes)
+        assert best["box_relative"] == pytest.approx([best["box"][0] / 192, best["box"][1] / 64,
+                                                      best["box"][2] / 192, best["box"][3] / 64], abs=1e-4)
+        assert Path(p["image"]).name == Path(file).with_suffix(".png").name
+        assert np.asarray(Image.open(p["image"])).shape == (64, 192, 3)
+
+
 def check_compressed_and_served(run: Path, ev: dict, data: Path, tmp_path: Path, capsys) -> None:
     """compress: fp32 and int8 ONNX, scored by COCO's mAP on the test split; onnxruntime's fp32 detections are
     PyTorch's (same count, same classes, boxes within 1 px); predict on image files: boxes as JSON, drawn."""

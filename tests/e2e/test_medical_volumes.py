@@ -144,3 +144,4 @@ def test_a_3d_unet_trained_on_patches_segments_whole_volumes_exports_and_serves_
     (p,) = json.loads(capsys.readouterr().out)["predictions"]
     assert p["shape"] == [24, 24, 24] and set(p["classes"]) <= {"background", "lesion"}
     assert 0 < p["classes"].get("lesion", 0) < 0.5 and Path(p["image"]).is_file()
+    assert Path(p["image"]).name == "ct0.png"  # the middle slice's picture names its scan (issue 55)

@@ -5,6 +5,7 @@ bit-identical, and two processes match one that accumulates the same two micro-b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -73,6 +74,18 @@ def test_a_segmenter_learns_the_shapes_and_its_onnx_masks_agree_with_pytorch(tmp
         assert set(p["classes"]) <= set(MASK_CLASSES) and sum(p["classes"].values()) == pytest.approx(1, abs=1e-3)
         drawn = np.asarray(Image.open(p["image"]))
         assert drawn.shape == (48, 96, 3)  # the tinted image and the mask, side by side
+        assert Path(p["image"]).name == Path(p["input"]).with_suffix(".png").name
+
+    # issue 55: a frame of another size is fitted as training fitted (keep_aspect, padded) and answered in its pixels
+    wide = tmp_path / "wide.png"
+    Image.open(files[0]).resize((120, 40)).save(wide)
+    with pytest.raises(SystemExit) as code:
+        main(["predict", str(run / "compressed"), str(wide), "--variant", "fp32", "--images", str(tmp_path / "wide"),
+              "--json"])
+    assert code.value.code in (0, None)
+    (p,) = json.loads(capsys.readouterr().out)["predictions"]
+    assert (p["height"], p["width"]) == (40, 120) and sum(p["classes"].values()) == pytest.approx(1, abs=1e-3)
+    assert np.asarray(Image.open(p["image"])).shape == (40, 240, 3) and Path(p["image"]).name == "wide.png"
 
 
 # LR-ASPP on MobileNetV3: the smallest of the segmenters, and without dropout (DeepLabV3's and FCN's heads have it,

@@ -47,6 +47,27 @@ def test_a_tiny_detr_fitted_to_one_image_finds_its_box():
     assert box_iou(found["boxes"][best:best + 1], target["boxes"])[0, 0] > 0.7, found["boxes"][best]
 
 
+def test_images_of_two_sizes_in_one_batch_are_padded_with_a_mask_and_answered_in_their_own_pixels():
+    """Issue 55: data.args.resize keep_aspect gives each image its own aspect; DETR takes them padded at the bottom
+    and right (as transformers' processors pad), the pixel mask saying which pixels are real, and reports each
+    image's boxes in its own pixels. Its losses normalize each image's boxes by that image's size."""
+    torch.manual_seed(0)
+    model = detr().eval()
+    wide, tall = torch.rand(3, 16, 48), torch.rand(3, 48, 24)
+    x, mask, sizes = model._batch([wide, tall])
+    assert tuple(x.shape) == (2, 3, 48, 48) and sizes == [(16, 48), (48, 24)]
+    assert mask[0, :16].all() and not mask[0, 16:].any() and mask[1, :, :24].all() and not mask[1, :, 24:].any()
+    assert (x[0, :, 16:] == 0).all() and (x[1, :, :, 24:] == 0).all()  # padded after normalization: zeros
+    with torch.no_grad():
+        found = model([wide, tall])
+    for one, (h, w) in zip(found, sizes):
+        assert len(one["boxes"]) and (one["boxes"][:, [0, 2]] <= w + 1e-3).all() and (one["boxes"][:, [1, 3]] <= h + 1e-3).all()
+    model.train()
+    losses = model([wide, tall], [{"boxes": torch.tensor([[2.0, 2.0, 20.0, 12.0]]), "labels": torch.tensor([1])},
+                                  {"boxes": torch.tensor([[4.0, 10.0, 20.0, 40.0]]), "labels": torch.tensor([2])}])
+    assert torch.isfinite(losses["loss"])
+
+
 def test_pretrained_true_loads_the_weights_config_names_and_false_builds_random_ones(tmp_path):
     saved = save_tiny_detr(tmp_path / "detr", num_labels=3, seed=3)
     loaded = hf(config=str(saved), pretrained=True)

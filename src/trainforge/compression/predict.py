@@ -219,14 +219,19 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-def batches(samples: Iterable[tuple[str, dict[str, np.ndarray]]], batch_size: int,
-            dtypes: dict[str, Any]) -> Iterator[tuple[list[str], dict[str, np.ndarray]]]:
-    """Consecutive groups of at most `batch_size` samples of the same shapes, each input stacked into one array."""
-    names: list[str] = []
-    group: list[dict[str, np.ndarray]] = []
+WHERE = "__where__"  # a sample's key for where it came from (an image's fit into the model's input), not a feed
 
-    def stacked() -> tuple[list[str], dict[str, np.ndarray]]:
-        return names, {k: np.stack([g[k] for g in group]).astype(dtypes[k], copy=False) for k in dtypes}
+
+def batches(samples: Iterable[tuple[str, dict[str, Any]]], batch_size: int, dtypes: dict[str, Any]
+            ) -> Iterator[tuple[list[str], dict[str, np.ndarray], list[dict[str, Any]]]]:
+    """Consecutive groups of at most `batch_size` samples of the same shapes, each input stacked into one array, and
+    each sample's WHERE ({} when its reader says nothing)."""
+    names: list[str] = []
+    group: list[dict[str, Any]] = []
+
+    def stacked() -> tuple[list[str], dict[str, np.ndarray], list[dict[str, Any]]]:
+        return (names, {k: np.stack([g[k] for g in group]).astype(dtypes[k], copy=False) for k in dtypes},
+                [g.get(WHERE) or {} for g in group])
 
     for name, x in samples:
         if group and (len(names) == batch_size or any(x[k].shape != group[0][k].shape for k in dtypes)):
@@ -280,29 +285,61 @@ def samples_of(artifact: Artifact, inputs: Sequence[str], stdin: Optional[Binary
                         "inputs, not both in one call")
     key = str(specs[0]["name"])
     read = modality_reader(artifact.meta, str(artifact.path), stdin)
-    return ((name, {key: x}) for name, x in read(inputs))
+    return ((item[0], {key: item[1], WHERE: item[2] if len(item) > 2 else {}}) for item in read(inputs))
 
 
 def infer(artifact: Artifact, samples: Iterable[tuple[str, dict[str, np.ndarray]]], top_k: int,
-          batch_size: int, images: Optional[Path] = None) -> list[dict[str, Any]]:
-    """Each sample's prediction, as the artifact's task reports it (classification: label, probability, top);
-    with `images`, the task's picture of each prediction that has one, written there (its path under "image")."""
+          batch_size: int, images: Optional[Path] = None, inputs: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Each sample's prediction, as the artifact's task reports it (classification: label, probability, top), in
+    the pixels of the file it was read from where a reader fitted it to the model (`fits` in the task's meta); with
+    `images`, the task's picture of each prediction that has one, written there (its path under "image"), named
+    after its input file (`street.jpg` -> `street.png`)."""
     task = artifact.task or served_task(artifact.meta, artifact.path)
     dtypes = {str(i["name"]): DTYPES[str(i["dtype"])] for i in input_specs(artifact.meta)}
     predictions: list[dict[str, Any]] = []
-    for names, feeds in batches(samples, batch_size, dtypes):
+    names_of, files = picture_names(list(inputs)), set(inputs)
+    for names, feeds, wheres in batches(samples, batch_size, dtypes):
+        # where each image came from (its fit into the model's input): the task answers in the file's pixels
+        meta = {**artifact.meta, "fits": [w.get("fit") for w in wheres]} if any(wheres) else artifact.meta
         outputs = task_call(task, "serve", lambda: task.serve(lambda f: run_feeds(artifact, f), feeds, artifact.meta))
-        rows = task_call(task, "predictions", lambda: task.predictions(outputs, artifact.meta, top_k=top_k))
+        rows = task_call(task, "predictions", lambda: task.predictions(outputs, meta, top_k=top_k))
         for i, (name, row) in enumerate(zip(names, rows)):
             prediction = {"input": name, **row}
             if images is not None:
                 one_in, one_out = {k: v[i] for k, v in feeds.items()}, {k: v[i] for k, v in outputs.items()}
+                one_meta = {**artifact.meta, "fit": wheres[i]["fit"]} if wheres[i].get("fit") else artifact.meta
                 picture = task_call(task, "prediction_image",
-                                    lambda: task.prediction_image(one_in, one_out, row, artifact.meta))
+                                    lambda: task.prediction_image(one_in, one_out, row, one_meta))
                 if picture is not None:
-                    prediction["image"] = str(save_picture(picture, images / f"{len(predictions):05d}.png"))
+                    # an input file's picture is named after it; a text line's or an array's by its number
+                    file = names_of(name, len(predictions)) if name in files else f"{len(predictions):05d}.png"
+                    prediction["image"] = str(save_picture(picture, images / file))
             predictions.append(prediction)
     return predictions
+
+
+def picture_names(names: list[str]) -> Any:
+    """A picture's file name after its input: `street.jpg` -> `street.png`; where two inputs share a name, their
+    folders are kept in it (`a/street.jpg` -> `a_street.png`). Without the names up front: the stem, then a number."""
+    taken: set[str] = set()
+
+    def stem_of(name: str) -> str:  # ct0.nii.gz -> ct0
+        base = Path(name).name
+        return Path(base[:-3] if base.lower().endswith(".gz") else base).stem
+
+    stems = [stem_of(n) for n in names]
+
+    def name_of(name: str, index: int) -> str:
+        path = Path(name)
+        stem = stem_of(name)
+        if stems.count(stem) > 1 or stem in taken:
+            stem = "_".join([*[p for p in path.parent.parts if p not in ("/", ".", "..")], stem]) or stem
+        while stem in taken:
+            stem = f"{stem}-{index}"
+        taken.add(stem)
+        return f"{stem}.png"
+
+    return name_of
 
 
 def task_call(task: Task, what: str, call: Any) -> Any:
@@ -382,7 +419,7 @@ def predict(
     art = load_artifact(artifact, threads=threads, verify=verify, variant=variant)
     pictures = None if images is None else Path(images)
     check_images_dir(pictures)
-    predictions = infer(art, samples_of(art, inputs, stdin), top_k, batch_size, pictures)
+    predictions = infer(art, samples_of(art, inputs, stdin), top_k, batch_size, pictures, inputs)
     if not predictions:
         raise UserError(f"INPUT: {', '.join(inputs)} held no inputs (no non-empty lines or data rows); add some")
     choice = art.choice or Choice(art.path)

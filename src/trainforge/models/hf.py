@@ -130,8 +130,9 @@ class HFDetector(nn.Module):
     model's own weighted sum of its matching losses}; eval mode `model(images)` -> per image {"boxes" xyxy in the
     input's pixels, "scores", "labels"}, by the model's image processor's `post_process_object_detection`.
 
-    Images (B, 3, H, W) in [0, 1] (or a list of same-size ones) are normalized here by the processor's mean and std
-    (its resizing is the data's: data.args.image_size); targets' xyxy pixel boxes become the normalized (cx, cy, w, h)
+    Images (B, 3, H, W) in [0, 1] (or a list of them, of several sizes under data.args.resize keep_aspect: padded
+    with a pixel mask) are normalized here by the processor's mean and std (its resizing is the data's:
+    data.args.image_size and resize); targets' xyxy pixel boxes become the normalized (cx, cy, w, h)
     transformers' detection losses take. The classes are the data's, background (0) included: the model never sees
     a box of class 0, and a query whose best class is 0 is not reported."""
 
@@ -144,22 +145,37 @@ class HFDetector(nn.Module):
                              persistent=False)
 
     def forward(self, images: Any, targets: Optional[list[dict[str, torch.Tensor]]] = None) -> Any:
-        x = torch.stack(list(images)) if isinstance(images, (list, tuple)) else images
-        height, width = x.shape[-2:]
-        x = (x - self.mean) / self.std
+        x, mask, sizes = self._batch(images)
         if self.training:
             if targets is None:
                 raise ValueError("a detector in training mode takes the targets: model(images, targets)")
             from torchvision.ops import box_convert
 
-            scale = torch.tensor([width, height, width, height], dtype=torch.float32, device=x.device)
-            labels = [{"class_labels": t["labels"], "boxes": box_convert(t["boxes"].float(), "xyxy", "cxcywh") / scale}
-                      for t in targets]
-            return {"loss": self.model(pixel_values=x, labels=labels).loss}
-        out = self.model(pixel_values=x)
-        found = self.processor.post_process_object_detection(out, threshold=0.0,
-                                                             target_sizes=[(height, width)] * len(x))
+            labels = [{"class_labels": t["labels"],
+                       "boxes": box_convert(t["boxes"].float(), "xyxy", "cxcywh")
+                       / torch.tensor([w, h, w, h], dtype=torch.float32, device=x.device)}
+                      for t, (h, w) in zip(targets, sizes)]
+            return {"loss": self.model(pixel_values=x, pixel_mask=mask, labels=labels).loss}
+        out = self.model(pixel_values=x, pixel_mask=mask)
+        found = self.processor.post_process_object_detection(out, threshold=0.0, target_sizes=sizes)
         return [{k: f[k][f["labels"] != 0] for k in ("boxes", "scores", "labels")} for f in found]
+
+    def _batch(self, images: Any) -> tuple[torch.Tensor, Optional[torch.Tensor], list[tuple[int, int]]]:
+        """Normalized pixel values, the pixel mask (None when every image is the batch's size) and each image's
+        (height, width): images of several sizes (data.args.resize keep_aspect) are padded at the bottom and right
+        after normalization, as transformers' processors pad, and the mask tells the model which pixels are real."""
+        if not isinstance(images, (list, tuple)):
+            return (images - self.mean) / self.std, None, [tuple(images.shape[-2:])] * len(images)
+        sizes = [(int(i.shape[-2]), int(i.shape[-1])) for i in images]
+        if len(set(sizes)) == 1:
+            return (torch.stack(list(images)) - self.mean) / self.std, None, sizes
+        height, width = max(h for h, _ in sizes), max(w for _, w in sizes)
+        x = images[0].new_zeros((len(images), images[0].shape[0], height, width))
+        mask = torch.zeros((len(images), height, width), dtype=torch.long, device=x.device)
+        for k, (image, (h, w)) in enumerate(zip(images, sizes)):
+            x[k, :, :h, :w] = (image - self.mean[0]) / self.std[0]
+            mask[k, :h, :w] = 1
+        return x, mask, sizes
 
     def native_formats(self) -> dict[str, Callable[[Path], None]]:
         return {NATIVE_FOLDER: self.save_native}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
+from trainforge.geometry import Fit, to_file
 from trainforge.tasks.base import INPUT_NAME, Evaluation, ExportSignature, Feeds, Runner, Task, register_task
 
 if TYPE_CHECKING:
@@ -100,9 +101,10 @@ class Detection(Task):
 
     # ---- export and serving
     def export_signature(self, info: Any) -> ExportSignature:
-        """One image in (1, C, H, W), its detections out: boxes (n, 4) xyxy in the input's pixels, scores (n,), labels
-        (n,), n dynamic."""
-        return ExportSignature((INPUT_NAME,), OUTPUTS, {name: {0: "detections"} for name in OUTPUTS})
+        """One image in (1, C, H, W), H and W dynamic (data.args.resize keep_aspect gives each image its own aspect),
+        its detections out: boxes (n, 4) xyxy in the input's pixels, scores (n,), labels (n,), n dynamic."""
+        return ExportSignature((INPUT_NAME,), OUTPUTS, {INPUT_NAME: {2: "height", 3: "width"},
+                                                        **{name: {0: "detections"} for name in OUTPUTS}})
 
     def export_module(self, model: Any, info: Any) -> Any:
         from trainforge.tasks.exporting import OneImageDetections
@@ -112,14 +114,22 @@ class Detection(Task):
     def export_feeds(self, batch: Any, info: Any) -> Feeds:
         import torch
 
-        images = batch[0] if not isinstance(batch[0], list) else torch.stack(batch[0])
-        return {INPUT_NAME: images.detach().cpu().numpy()}
+        images = batch[0]
+        if not isinstance(images, list):
+            return {INPUT_NAME: images.detach().cpu().numpy()}
+        if all(image.shape == images[0].shape for image in images):
+            return {INPUT_NAME: torch.stack(images).detach().cpu().numpy()}
+        ragged = np.empty(len(images), dtype=object)  # images of their own sizes: `serve` feeds them one by one
+        for i, image in enumerate(images):
+            ragged[i] = image.detach().cpu().numpy()
+        return {INPUT_NAME: ragged}
 
     def serve(self, run: Runner, feeds: Feeds, meta: dict[str, Any]) -> dict[str, np.ndarray]:
         """The graph on each image in turn, its detections padded: boxes (B, 100, 4), scores (B, 100), labels (B, 100),
         best first, padding rows labelled -1."""
         ((name, images),) = feeds.items()
-        return pad_detections([run({name: images[i:i + 1]}) for i in range(len(images))])
+        return pad_detections([run({name: np.asarray(images[i])[None] if images.dtype == object else images[i:i + 1]})
+                               for i in range(len(images))])
 
     def score_outputs(self, outputs: dict[str, np.ndarray], batch: Any, info: Any) -> dict[str, Optional[float]]:
         """Compress's quality columns: COCO's mAP of the served detections on the test split."""
@@ -132,15 +142,23 @@ class Detection(Task):
 
     def predictions(self, outputs: dict[str, np.ndarray], meta: dict[str, Any], *, top_k: int) -> list[dict[str, Any]]:
         """Per image: `detections` (every box the model kept, best first: label, score, box [x1, y1, x2, y2] in the
-        model input's pixels, and `box_relative` as fractions of its width and height, which hold for the original
-        image too: the sources stretch images to the input size), and `objects` (how many of each class score at
+        pixels of the image file it was read from (`meta["fits"]`, one per image: where predict's reader placed the
+        file in the model's input; the model input's pixels for arrays), and `box_relative` as fractions of that
+        image's width and height), `width` and `height` (the file's), and `objects` (how many of each class score at
         least SHOWN_SCORE). `top_k` does not apply: an image has as many objects as it has."""
         names = [str(c) for c in meta.get("class_names") or []]
-        _, height, width = (list(meta.get("input_shape") or [0, 0, 0]) + [0, 0, 0])[:3]
+        fits = meta.get("fits") or []
         rows = []
-        for image in unpadded(outputs):
+        for i, image in enumerate(unpadded(outputs)):
+            fit = Fit.from_json(fits[i]) if i < len(fits) and fits[i] else None
+            boxes = image["boxes"]
+            if fit is not None:
+                width, height = fit.file_width, fit.file_height
+                boxes = to_file(boxes, fit)
+            else:
+                _, height, width = (list(meta.get("input_shape") or [0, 0, 0]) + [0, 0, 0])[:3]
             detections = []
-            for box, score, label in zip(image["boxes"].tolist(), image["scores"].tolist(), image["labels"].tolist()):
+            for box, score, label in zip(boxes.tolist(), image["scores"].tolist(), image["labels"].tolist()):
                 detections.append({"label": names[label] if 0 <= label < len(names) else str(label),
                                    "score": round(float(score), 4), "box": [round(v, 2) for v in box],
                                    "box_relative": [round(box[0] / width, 5), round(box[1] / height, 5),
@@ -163,6 +181,8 @@ class Detection(Task):
         rgb = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
         rgb = (rgb - rgb.min()) / max(float(np.ptp(rgb)), 1e-6)
         picture = Image.fromarray(np.uint8(255 * rgb.transpose(1, 2, 0)))
+        if meta.get("fit"):  # back to the file's size: the boxes are in its pixels
+            picture = picture_of_file(picture, Fit.from_json(meta["fit"]))
         draw = ImageDraw.Draw(picture)
         names = [str(c) for c in meta.get("class_names") or []]
         colours = palette(max(len(names), 2) + 1)
@@ -174,6 +194,14 @@ class Detection(Task):
             draw.rectangle(d["box"], outline=colour, width=2)
             draw.text((d["box"][0] + 2, d["box"][1] + 1), f"{d['label']} {d['score']:.2f}", fill=colour)
         return np.asarray(picture, dtype=np.uint8)
+
+
+def picture_of_file(picture: Any, fit: Fit) -> Any:
+    """The model input's picture (a PIL image) cropped to where the file's image lies and resized to the file's size."""
+    from PIL import Image
+
+    part = picture.crop((fit.left, fit.top, fit.left + fit.width, fit.top + fit.height))
+    return part.resize((fit.file_width, fit.file_height), Image.Resampling.BILINEAR)
 
 
 def pad_detections(images: list[dict[str, np.ndarray]], rows: int = SERVED_DETECTIONS) -> dict[str, np.ndarray]:

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from trainforge.geometry import Fit, mask_to_file
 from trainforge.errors import UserError
 from trainforge.tasks.base import Evaluation, Task, register_task
 
@@ -114,15 +115,19 @@ class Segmentation(Task):
         return {"miou": scores["miou"], "accuracy": scores["pixel_accuracy"], "loss": loss}
 
     def predictions(self, outputs: dict[str, np.ndarray], meta: dict[str, Any], *, top_k: int) -> list[dict[str, Any]]:
-        """Per image: the share of its pixels predicted as each class present, largest first (the mask itself is a
-        PNG: `predict --images DIR`)."""
+        """Per image: the share of its pixels predicted as each class present, largest first, and its height and
+        width: the image file's, the mask resized back to it (nearest neighbour) where predict read a file
+        (`meta["fits"]`); the mask itself is a PNG: `predict --images DIR`."""
         (logits,) = outputs.values()
         if logits.ndim not in (4, 5):
             raise UserError(f"ARTIFACT: returned logits of shape {logits.shape}; a segmenter returns (batch, classes, "
                             "height, width), or (batch, classes, depth, height, width) for volumes")
         names = [str(c) for c in meta.get("class_names") or range(logits.shape[1])]
         rows = []
-        for mask in logits.argmax(axis=1):
+        fits = meta.get("fits") or []
+        for i, mask in enumerate(logits.argmax(axis=1)):
+            if i < len(fits) and fits[i] and mask.ndim == 2:
+                mask = mask_to_file(mask, Fit.from_json(fits[i]))
             counts = np.bincount(mask.reshape(-1), minlength=len(names))
             order = [int(i) for i in np.argsort(-counts, kind="stable") if counts[i]]
             row: dict[str, Any] = {"classes": {names[i]: round(float(counts[i] / mask.size), 4) for i in order[:top_k]}}
@@ -143,12 +148,24 @@ class Segmentation(Task):
         else:
             mask = logits[0].argmax(axis=0) if logits.ndim == 4 else logits.argmax(axis=0)
             image = image[0] if image.ndim == 4 else image
+            if meta.get("fit"):  # at the file's size: the image's part of the input, resized back
+                fit = Fit.from_json(meta["fit"])
+                mask, image = mask_to_file(mask, fit), image_to_file(image, fit)
         rgb = image[:3] if image.shape[0] >= 3 else np.repeat(image[:1], 3, axis=0)
         rgb = (rgb - rgb.min()) / max(float(np.ptp(rgb)), 1e-6)
         colours = palette(int(logits.shape[-3]))
         tinted = np.where(mask[..., None] > 0, 0.5 * rgb.transpose(1, 2, 0) + 0.5 * colours[mask] / 255,
                           rgb.transpose(1, 2, 0))
         return np.concatenate([np.uint8(255 * tinted), colours[mask]], axis=1)
+
+
+def image_to_file(image: np.ndarray, fit: Fit) -> np.ndarray:
+    """(C, H, W) of the model's input -> (C, file height, file width): the image's part, resized bilinearly."""
+    from PIL import Image
+
+    part = image[:, fit.top:fit.top + fit.height, fit.left:fit.left + fit.width].astype(np.float32)
+    return np.stack([np.asarray(Image.fromarray(c).resize((fit.file_width, fit.file_height),
+                                                          Image.Resampling.BILINEAR)) for c in part])
 
 
 def named_loss(name: str) -> Any:

@@ -25,7 +25,9 @@ if TYPE_CHECKING:  # annotations only: this module imports neither torch nor the
     from trainforge.config import AugmentConfig
     from trainforge.data.base import DataInfo
 
-Sample = tuple[str, np.ndarray]  # (the input as the user knows it, one sample without the batch dimension)
+# (the input as the user knows it, one sample without the batch dimension[, where it came from: {"fit": ...} for an
+# image fitted to the model's input, so the task can answer in the file's pixels])
+Sample = tuple
 Reader = Callable[[Sequence[str]], Iterator[Sample]]
 
 

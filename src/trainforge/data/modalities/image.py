@@ -40,18 +40,23 @@ class Image(Modality):
             require_files(inputs, "image files (PNG, JPEG, ...)", allow_stdin=False)
             for name in inputs:
                 try:
-                    x = read_file(name)
+                    x, where = read_file(name)
                 except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError ...) for bad files
                     reason = str(e).splitlines()[0] if str(e) else type(e).__name__
                     raise UserError(f"INPUT: {name} is not a readable image ({reason}); pass PNG, JPEG, ... files") from None
-                yield name, normalize(to_value_range(x, lo, hi), shift_scale)
+                x = normalize(to_value_range(x, lo, hi), shift_scale)
+                yield (name, x, where) if where else (name, x)
 
         return read
 
 
-def image_file_reader(pre: dict[str, Any], shape: list[int], artifact: str) -> Callable[[str], np.ndarray]:
-    """An image file -> float32 (C, H, W) in [0, 1], as training read it: resized and cropped as the pretrained model
-    expects when the run recorded that (`image_preprocess`), else resized to the square input size."""
+def image_file_reader(pre: dict[str, Any], shape: list[int], artifact: str
+                      ) -> Callable[[str], tuple[np.ndarray, dict[str, Any]]]:
+    """An image file -> (float32 (C, H, W) in [0, 1], where it came from), as training read it: resized and cropped as
+    the pretrained model expects when the run recorded that (`image_preprocess`); fitted as data.args.resize said for
+    detection and segmentation (`resize`; where it came from: {"fit": trainforge.geometry.Fit as JSON}, so the task
+    answers in the file's pixels); else resized to the square input size."""
+    from trainforge.geometry import RESIZES, read_fitted
     from trainforge.data.image.preprocess import ImagePreprocess  # Pillow + numpy; the code training used
     from trainforge.data.image.read import read_image, read_model_image
 
@@ -65,10 +70,18 @@ def image_file_reader(pre: dict[str, Any], shape: list[int], artifact: str) -> C
             raise UserError(f"{artifact}: its image_preprocess gives {list(spec.output_shape)} inputs, the model takes "
                             f"{shape}; re-export it")
         grayscale = bool(pre.get("grayscale", False))
-        return lambda name: read_model_image(name, spec, grayscale)
+        return lambda name: (read_model_image(name, spec, grayscale), {})
+    if pre.get("resize") in RESIZES and channels in (1, 3):
+        mode, size = str(pre["resize"]), max(height, width)
+
+        def fitted(name: str) -> tuple[np.ndarray, dict[str, Any]]:
+            x, fit = read_fitted(name, size, mode, grayscale=channels == 1, pad=bool(pre.get("pad")))
+            return x, {"fit": fit.to_json()}
+
+        return fitted
     if height != width or channels not in (1, 3):
         raise UserError(
             f"{artifact}: the model takes {channels}x{height}x{width} inputs; predict reads images into square "
             "grayscale (1 channel) or RGB (3 channel) arrays only"
         )
-    return lambda name: read_image(name, height, grayscale=channels == 1)
+    return lambda name: (read_image(name, height, grayscale=channels == 1), {})

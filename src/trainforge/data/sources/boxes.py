@@ -15,9 +15,10 @@ be cut short: the image-folder reader's), then drops and counts:
 
 Every reason is a key of data_report.json's `dropped` (zero or not); `box_reasons` lists those that count boxes, so
 the console line can say images and boxes apart; `boxes` counts those the annotations list (read), those kept, and
-those of images dropped whole (in_dropped_images: not counted again by reason). A sample is (image float32 (3, S, S) in [0, 1], {"boxes": float32
-(n, 4) in pixels of the S x S image, "labels": int64 (n,)}): the image is resized to data.args.image_size square and
-its boxes scaled with it.
+those of images dropped whole (in_dropped_images: not counted again by reason). A sample is (image float32 (3, H, W) in [0, 1], {"boxes": float32
+(n, 4) in pixels of that image, "labels": int64 (n,)}): the image fitted to data.args.image_size S as data.args.resize
+says (data/image/geometry.py: keep_aspect, the default, scales the longer side to S and keeps the aspect, so a wide
+frame is H x S; letterbox centres that on an S x S canvas; stretch squeezes it to S x S), its boxes mapped with it.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ UNKNOWN = -1  # the label of a box whose class the annotations do not declare
 class BoxArgs(SourceArgs):
     """data.args of every detection source."""
 
-    image_size: int = Field(320, gt=0, le=4096)  # images are resized to this square, boxes scaled with them
+    image_size: int = Field(320, gt=0, le=4096)  # the longer side of the model's input (S x S at most)
+    resize: Literal["keep_aspect", "letterbox", "stretch"] = "keep_aspect"  # how an image is fitted to it
     empty_images: Literal["keep", "drop"] = "keep"  # images without boxes: negatives to learn from, or dropped
     unknown_categories: Literal["error", "drop"] = "error"  # boxes of undeclared classes: one line, or dropped
 
@@ -71,31 +73,29 @@ class BoxSamples(Samples):
     """The kept images and their cleaned boxes; image i is read and resized when asked for."""
 
     def __init__(self, root: str, ids: list[str], boxes: list[np.ndarray], labels: list[np.ndarray],
-                 sizes: np.ndarray, image_size: int) -> None:
+                 sizes: np.ndarray, image_size: int, resize: str = "keep_aspect") -> None:
         self.root, self.ids, self.boxes, self.labels, self.sizes = root, ids, boxes, labels, sizes
-        self.image_size = image_size
+        self.image_size, self.resize = image_size, resize
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        from trainforge.data.image.read import read_image
+        from trainforge.geometry import read_fitted, to_model
 
         try:
-            x = torch.from_numpy(read_image(os.path.join(self.root, self.ids[index]), self.image_size, False))
+            x, fit = read_fitted(os.path.join(self.root, self.ids[index]), self.image_size, self.resize)
         except Exception as e:  # PIL raises many types for a file that changed since it was read
             raise SampleUnreadable(self.ids[index]) from e
-        width, height = (float(v) for v in self.sizes[index])
-        scale = np.asarray([self.image_size / width, self.image_size / height] * 2, dtype=np.float32)
-        boxes = torch.from_numpy(self.boxes[index] * scale).reshape(-1, 4)
-        return x, {"boxes": boxes, "labels": torch.from_numpy(self.labels[index]).reshape(-1)}
+        boxes = torch.from_numpy(to_model(self.boxes[index], fit)).reshape(-1, 4)
+        return torch.from_numpy(x), {"boxes": boxes, "labels": torch.from_numpy(self.labels[index]).reshape(-1)}
 
     def target_augment(self, augment: Any) -> Any:
         return BoxAugment(augment)  # the boxes move with the pixels
 
     def subset(self, keep: np.ndarray) -> "BoxSamples":
         return BoxSamples(self.root, [self.ids[i] for i in keep], [self.boxes[i] for i in keep],
-                          [self.labels[i] for i in keep], self.sizes[keep], self.image_size)
+                          [self.labels[i] for i in keep], self.sizes[keep], self.image_size, self.resize)
 
 
 def box_pool(cfg: DataConfig, args: BoxArgs, image_root: Path, images: list[Annotated],
@@ -142,15 +142,15 @@ def box_pool(cfg: DataConfig, args: BoxArgs, image_root: Path, images: list[Anno
     per_class = np.bincount(np.concatenate([np.zeros(0, np.int64), *labels]), minlength=len(names))
     info = DataInfo("detection", "image", (3, args.image_size, args.image_size), "float32", len(names), names)
     samples = BoxSamples(str(image_root), ids, boxes, labels, np.asarray(sizes, dtype=np.float64).reshape(-1, 2),
-                         args.image_size)
+                         args.image_size, args.resize)
     report = {"box_reasons": list(BOX_REASONS),
               "boxes": {"read": sum(len(a.boxes) for a in images), "kept": int(per_class.sum()),
                         "in_dropped_images": with_dropped,
                         "per_class": {n: int(c) for n, c in zip(class_names, per_class[1:])}},
               "negatives": negatives, **(notes or {})}
     return Pool(info, samples, labels=None, rows_read=len(images), drops=drops,
-                preprocess={"image_size": args.image_size, "channels": 3, "grayscale": False, "resize": "stretch"},
-                notes=report)
+                preprocess={"image_size": args.image_size, "channels": 3, "grayscale": False, "resize": args.resize},
+                notes={**report, "resize": args.resize})
 
 
 def _clean_boxes(a: Annotated, width: int, height: int, drops: DropLog, args: BoxArgs,

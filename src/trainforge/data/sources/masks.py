@@ -9,13 +9,14 @@ corrupt (an image or a mask that does not decode), missing_mask, size_mismatch (
 image), duplicate (an image of the same bytes as an earlier one; data.clean.dedup). A mask value that is no class
 (not below len(classes), not 255) is one line naming the file and its values: such a mask was written for another
 class list. A sample is (image float32 (3, S, S) in [0, 1] resized bilinearly, mask int64 (S, S) resized
-nearest-neighbour) for S = data.args.image_size; the report counts the pixels of each class.
+nearest-neighbour) for S = data.args.image_size, fitted as data.args.resize says (trainforge/geometry.py; keep_aspect,
+the default, keeps the aspect with the longer side S and pads bottom and right, the mask with 255: no class); the report counts the pixels of each class.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -39,25 +40,28 @@ IGNORE = 255  # tasks/segmentation.IGNORE: no class
 class MaskArgs(SourceArgs):
     classes: list[str] = Field(min_length=2)  # the class of each mask value, in order (value 0 first)
     image_size: int = Field(256, gt=0, le=4096)
+    resize: Literal["keep_aspect", "letterbox", "stretch"] = "keep_aspect"  # how an image is fitted to S x S
 
 
 class MaskSamples(Samples):
     """The kept image/mask pairs; pair i is read and resized when asked for."""
 
-    def __init__(self, root: str, ids: list[str], masks: list[str], image_size: int) -> None:
-        self.root, self.ids, self.masks, self.image_size = root, ids, masks, image_size
+    def __init__(self, root: str, ids: list[str], masks: list[str], image_size: int,
+                 resize: str = "keep_aspect") -> None:
+        self.root, self.ids, self.masks, self.image_size, self.resize = root, ids, masks, image_size, resize
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from trainforge.data.image.read import read_image
+        from trainforge.geometry import fit_mask, read_fitted
 
         try:
-            x = torch.from_numpy(read_image(os.path.join(self.root, "images", self.ids[index]), self.image_size,
-                                            False))
+            x, fit = read_fitted(os.path.join(self.root, "images", self.ids[index]), self.image_size, self.resize,
+                                 pad=True)
             with Image.open(os.path.join(self.root, "masks", self.masks[index])) as img:
-                mask = np.asarray(img.resize((self.image_size, self.image_size), Image.Resampling.NEAREST))
+                mask = fit_mask(np.asarray(img), fit, IGNORE)
+            x = torch.from_numpy(x)
         except Exception as e:  # PIL raises many types for a file that changed since it was read
             raise SampleUnreadable(self.ids[index]) from e
         return x, torch.from_numpy(mask.astype(np.int64))
@@ -66,7 +70,8 @@ class MaskSamples(Samples):
         return MaskAugment(augment, IGNORE)  # the mask moves with the pixels
 
     def subset(self, keep: np.ndarray) -> "MaskSamples":
-        return MaskSamples(self.root, [self.ids[i] for i in keep], [self.masks[i] for i in keep], self.image_size)
+        return MaskSamples(self.root, [self.ids[i] for i in keep], [self.masks[i] for i in keep], self.image_size,
+                           self.resize)
 
 
 @SOURCES.register("masks")
@@ -134,7 +139,8 @@ def masks(cfg: DataConfig, *, seed: int) -> Pool:
         ids.append(rel)
         kept_masks.append(mask)
     info = DataInfo("segmentation", "image", (3, a.image_size, a.image_size), "float32", len(names), tuple(names))
-    return Pool(info, MaskSamples(str(root), ids, kept_masks, a.image_size), labels=None, rows_read=len(images),
-                drops=drops, preprocess={"image_size": a.image_size, "channels": 3, "grayscale": False,
-                                         "resize": "stretch"},
-                notes={"pixels_per_class": {n: int(c) for n, c in zip(names, pixels)}})
+    return Pool(info, MaskSamples(str(root), ids, kept_masks, a.image_size, a.resize), labels=None,
+                rows_read=len(images), drops=drops,
+                preprocess={"image_size": a.image_size, "channels": 3, "grayscale": False, "resize": a.resize,
+                            "pad": True},  # one size a batch: the canvas is S x S whatever the fit
+                notes={"pixels_per_class": {n: int(c) for n, c in zip(names, pixels)}, "resize": a.resize})
