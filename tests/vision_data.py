@@ -21,16 +21,16 @@ COLOURS = {"box": (230, 40, 40), "disc": (40, 40, 230)}
 Truth = tuple[str, list[tuple[int, int, int, int]], list[str]]
 
 
-def shapes_image(rng: np.random.Generator, side: int, max_objects: int = 3,
-                 width: Optional[int] = None) -> tuple[np.ndarray, list, list]:
+def shapes_image(rng: np.random.Generator, side: int, max_objects: int = 3, width: Optional[int] = None,
+                 sizes: tuple[int, int] = (6, 3)) -> tuple[np.ndarray, list, list]:
     """One (side, width or side, 3) uint8 image and its boxes and class names: 1..max_objects shapes that do not
-    overlap, each side//6 to side//3 pixels a side."""
-    image, boxes, names, _ = shapes_and_mask(rng, side, max_objects, width)
+    overlap, each side // sizes[0] to side // sizes[1] pixels a side."""
+    image, boxes, names, _ = shapes_and_mask(rng, side, max_objects, width, sizes)
     return image, boxes, names
 
 
-def shapes_and_mask(rng: np.random.Generator, side: int, max_objects: int = 3,
-                    width: Optional[int] = None) -> tuple[np.ndarray, list, list, np.ndarray]:
+def shapes_and_mask(rng: np.random.Generator, side: int, max_objects: int = 3, width: Optional[int] = None,
+                    sizes: tuple[int, int] = (6, 3)) -> tuple[np.ndarray, list, list, np.ndarray]:
     """shapes_image's, and the (side, width) uint8 mask of its pixels' classes (0 background, 1 box, 2 disc)."""
     across = width or side
     image = rng.integers(0, 80, (side, across, 3), dtype=np.uint8)
@@ -39,7 +39,7 @@ def shapes_and_mask(rng: np.random.Generator, side: int, max_objects: int = 3,
     names: list[str] = []
     for _ in range(int(rng.integers(1, max_objects + 1))):
         for _attempt in range(20):
-            w, h = (int(v) for v in rng.integers(side // 6, side // 3, 2))
+            w, h = (int(v) for v in rng.integers(side // sizes[0], side // sizes[1], 2))
             x, y = int(rng.integers(0, across - w)), int(rng.integers(0, side - h))
             if all(x >= b[2] + 1 or x + w + 1 <= b[0] or y >= b[3] + 1 or y + h + 1 <= b[1] for b in boxes):
                 break
@@ -60,14 +60,15 @@ def shapes_and_mask(rng: np.random.Generator, side: int, max_objects: int = 3,
 
 
 def write_shapes(root: Path, n: int = 64, side: int = 64, seed: int = 0,
-                 formats: tuple[str, ...] = ("coco", "yolo", "voc"), width: Optional[int] = None) -> list[Truth]:
+                 formats: tuple[str, ...] = ("coco", "yolo", "voc"), width: Optional[int] = None,
+                 sizes: tuple[int, int] = (6, 3)) -> list[Truth]:
     """Write `n` images (`side` high, `width` wide: square without) to root/<format> for each format; returns each
     image's file, boxes and class names."""
     rng = np.random.default_rng(seed)
     truth: list[Truth] = []
     images = []
     for i in range(n):
-        image, boxes, names = shapes_image(rng, side, width=width)
+        image, boxes, names = shapes_image(rng, side, width=width, sizes=sizes)
         truth.append((f"img_{i:04d}.png", boxes, names))
         images.append(image)
     for fmt in formats:

@@ -16,6 +16,7 @@ import trainforge
 from test_crash_resume import assert_killed_run_matches_uninterrupted, two_process_losses
 from trainforge.cli import main
 from trainforge.data import build_data
+from trainforge.geometry import fit_image, to_file
 from trainforge.metrics_file import read_metrics
 from trainforge.training.artifacts import load_trained
 from vision_data import write_shapes
@@ -43,13 +44,13 @@ def overrides(root: Path, fmt: str, *extra: str, model: str = SMALL) -> list[str
 
 
 @pytest.mark.parametrize("fmt", ["yolo", "voc"])
-def test_yolo_and_voc_folders_give_the_detector_exactly_cocos_samples(fmt, shapes):
+def test_yolo_and_voc_folders_give_the_detector_exactly_cocos_samples(fmt, wide_shapes):
     """The same shapes written as YOLO and VOC folders build the very samples the COCO folder builds (every image
     tensor, box and label equal, in every split, with the detection runs' overrides): a run on either is the COCO run
     of test_a_small_detector_learns_the_shapes, step for step (the loop is deterministic on the CPU), so that run's
     learning, report and eval stand for all three formats (issue 51: one detector trained instead of three)."""
     def bundle(name: str):
-        cfg = trainforge.load_config("coco_detection_finetune", overrides(shapes, name))
+        cfg = trainforge.load_config("coco_detection_finetune", overrides(wide_shapes[0], name, *WIDE_RUN))
         return build_data(cfg.data, seed=cfg.seed)
 
     coco, other = bundle("coco"), bundle(fmt)
@@ -65,15 +66,9 @@ def test_yolo_and_voc_folders_give_the_detector_exactly_cocos_samples(fmt, shape
 
 
 @pytest.mark.slow
-def test_a_small_detector_learns_the_shapes(shapes, tmp_path, capsys):
-    fmt = "coco"
-    run = tmp_path / "run"
-    cfg = trainforge.load_config("coco_detection_finetune", overrides(
-        shapes, fmt, "train.max_steps=80", "train.eval_every_steps=40", "train.global_batch_size=8",
-        "train.micro_batch_size=auto", "log.report=true"))
-    assert trainforge.train(cfg, run_dir=run).status == "completed"
-    ev = json.loads((run / "eval.json").read_text())
-    assert ev["map_50"] >= 0.5, ev  # untrained, it is 0: 80 steps of 8 images find the boxes and tell their shape
+def test_a_small_detector_learns_the_shapes(keep_aspect_run, wide_shapes, tmp_path, capsys):
+    run, ev = keep_aspect_run
+    assert ev["map_50"] >= 0.5, ev  # untrained, it is 0: 80 steps of 8 frames find the boxes and tell their shape
     assert set(ev["per_class"]) == {"box", "disc"} and "loss" not in ev
     ran = json.loads((run / "final" / "model.json").read_text())["ran"]
     assert ran["micro_batch_size"] == 8 and "not simulated" in ran["reasons"]["micro_batch_size"]
@@ -88,17 +83,28 @@ def test_a_small_detector_learns_the_shapes(shapes, tmp_path, capsys):
     assert code.value.code in (0, None)
     again = json.loads(capsys.readouterr().out)
     assert {k: again[k] for k in ("map", "map_50", "map_75")} == {k: ev[k] for k in ("map", "map_50", "map_75")}
-    check_compressed_and_served(run, ev, shapes / fmt, tmp_path, capsys)
+    check_compressed_and_served(run, ev, wide_shapes, tmp_path, capsys)
 
 
-WIDE = {"side": 64, "width": 192}  # 3:1 frames (KITTI's camera is 3.3:1), fitted to a 96-pixel side
+WIDE = {"side": 64, "width": 192}  # 3:1 frames (KITTI's camera is 3.3:1): a 96x32 input under keep_aspect
+WIDE_RUN = ("data.args.image_size=96", "train.max_steps=80", "train.eval_every_steps=40", "train.global_batch_size=8")
 
 
 @pytest.fixture(scope="module")
 def wide_shapes(tmp_path_factory) -> tuple[Path, dict]:
     root = tmp_path_factory.mktemp("wide")
-    truth = write_shapes(root, n=160, seed=5, formats=("coco",), **WIDE)
+    truth = write_shapes(root, n=160, seed=5, sizes=(4, 2), **WIDE)  # 16 to 32 pixels a side: 8 to 16 in the input
     return root, {file: (boxes, names) for file, boxes, names in truth}
+
+
+@pytest.fixture(scope="module")
+def keep_aspect_run(wide_shapes, tmp_path_factory) -> tuple[Path, dict]:
+    """The one detector trained here (data.args.resize keep_aspect, the default): its run and eval.json."""
+    run = tmp_path_factory.mktemp("keep-aspect") / "run"
+    cfg = trainforge.load_config("coco_detection_finetune", overrides(
+        wide_shapes[0], "coco", *WIDE_RUN, "train.micro_batch_size=auto", "log.report=true"))
+    assert trainforge.train(cfg, run_dir=run).status == "completed"
+    return run, json.loads((run / "eval.json").read_text())
 
 
 def iou(a: list[float], b: list[float]) -> float:
@@ -107,49 +113,24 @@ def iou(a: list[float], b: list[float]) -> float:
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
-def test_keep_aspect_detects_wide_frames_as_well_as_stretch_and_predict_answers_in_the_files_pixels(
-        wide_shapes, tmp_path, capsys):
-    """Issue 55: on 192x64 frames, keep_aspect (the default: a 96x32 input) reaches at least stretch's map_50 (a
-    96x96 input, every object three times taller) on the same data and seed. predict on a test frame answers in its
-    pixels: width 192, height 64, the best box over an annotated one with IoU >= 0.7, the picture 192x64 named
-    after the file; the exported graph takes the frame's own aspect."""
-    root, truth = wide_shapes
-    maps = {}
-    for mode in ("keep_aspect", "stretch"):
-        cfg = trainforge.load_config("coco_detection_finetune", [
-            "data.source=coco", f"data.path={root / 'coco'}", f"data.args={{image_size: 96, resize: {mode}}}", SMALL,
-            *TRAIN, "train.max_steps=80", "train.eval_every_steps=80", "train.global_batch_size=8",
-            "train.micro_batch_size=8", "log.report=false"])
-        assert trainforge.train(cfg, run_dir=tmp_path / mode).status == "completed"
-        maps[mode] = json.loads((tmp_path / mode / "eval.json").read_text())["map_50"]
-    assert maps["keep_aspect"] >= max(maps["stretch"], 0.5), maps
-
-    run = tmp_path / "keep_aspect"
-    with pytest.raises(SystemExit) as code:
-        main(["compress", str(run), "--quantize", "none", "--bench-seconds", "0.1", "--json"])
-    assert code.value.code in (0, None)
-    capsys.readouterr()
-    trained = load_trained(run / "final")
-    bundle = build_data(trained.config.data, seed=trained.config.seed, stored=trained.preprocess)
-    files = [bundle.test.samples.ids[int(i)] for i in bundle.test.indices[:3]]
-    with pytest.raises(SystemExit) as code:
-        main(["predict", str(run / "compressed"), *(str(root / "coco" / "images" / f) for f in files),
-              "--images", str(tmp_path / "drawn"), "--json"])
-    assert code.value.code in (0, None)
-    for file, p in zip(files, json.loads(capsys.readouterr().out)["predictions"]):
-        assert (p["width"], p["height"]) == (192, 64)
-        best = max(p["detections"], key=lambda d: d["score"])
-        boxes, _ = truth[file]
-        assert max(iou(best["box"], list(b)) for b in boxes) >= 0.7, (file, best, boxes)
-        assert best["box_relative"] == pytest.approx([best["box"][0] / 192, best["box"][1] / 64,
-                                                      best["box"][2] / 192, best["box"][3] / 64], abs=1e-4)
-        assert Path(p["image"]).name == Path(file).with_suffix(".png").name
-        assert np.asarray(Image.open(p["image"])).shape == (64, 192, 3)
+@pytest.mark.slow
+def test_keep_aspect_detects_wide_frames_at_least_as_well_as_stretch(keep_aspect_run, wide_shapes, tmp_path):
+    """Issue 55: on 192x64 frames, keep_aspect (a 96x32 input) reaches at least stretch's map_50 (a 96x96 input in
+    which every object is three times taller than wide as it was) on the same data and seed."""
+    run, ev = keep_aspect_run
+    assert json.loads((run / "data_report.json").read_text())["resize"] == "keep_aspect"
+    cfg = trainforge.load_config("coco_detection_finetune", overrides(
+        wide_shapes[0], "coco", *WIDE_RUN, "train.micro_batch_size=8", "data.args.resize=stretch", "log.report=false"))
+    assert trainforge.train(cfg, run_dir=tmp_path / "stretch").status == "completed"
+    stretched = json.loads((tmp_path / "stretch" / "eval.json").read_text())
+    assert json.loads((tmp_path / "stretch" / "data_report.json").read_text())["resize"] == "stretch"
+    assert ev["map_50"] >= stretched["map_50"], (ev["map_50"], stretched["map_50"])
 
 
-def check_compressed_and_served(run: Path, ev: dict, data: Path, tmp_path: Path, capsys) -> None:
+def check_compressed_and_served(run: Path, ev: dict, data: tuple[Path, dict], tmp_path: Path, capsys) -> None:
     """compress: fp32 and int8 ONNX, scored by COCO's mAP on the test split; onnxruntime's fp32 detections are
-    PyTorch's (same count, same classes, boxes within 1 px); predict on image files: boxes as JSON, drawn."""
+    PyTorch's (same count, same classes, boxes within 1 px) on frames of their own aspect (the graph's H and W are
+    dynamic); predict on image files: boxes in the files' pixels as JSON, drawn at the files' size."""
     with pytest.raises(SystemExit) as code:
         main(["compress", str(run), "--bench-seconds", "0.2", "--calibration-samples", "8", "--json"])
     assert code.value.code in (0, None)
@@ -178,29 +159,42 @@ def check_compressed_and_served(run: Path, ev: dict, data: Path, tmp_path: Path,
         found += len(labels)
     assert found >= len(bundle.test)  # the trained detector finds something in every image, or near it
 
-    files = [str(p) for p in sorted((data / "images").iterdir())[:2]]
+    root, truth = data  # predict on test frames: answers in the files' pixels (issue 55)
+    names = [bundle.test.samples.ids[int(i)] for i in bundle.test.indices]
+    files = [str(root / "coco" / "images" / name) for name in names]
     with pytest.raises(SystemExit) as code:
         main(["predict", str(run / "compressed"), *files, "--variant", "fp32", "--images", str(tmp_path / "drawn"),
               "--json"])
     assert code.value.code in (0, None)
     predicted = json.loads(capsys.readouterr().out)["predictions"]
     assert [p["input"] for p in predicted] == files
-    side = trained.info.input_shape[-1]
-    for p in predicted:
+    width, height = WIDE["width"], WIDE["side"]
+    best_iou = []
+    for name, p in zip(names, predicted):
+        assert (p["width"], p["height"]) == (width, height)
         assert p["detections"] and {d["label"] for d in p["detections"]} <= {"box", "disc"}
         scores = [d["score"] for d in p["detections"]]
         assert scores == sorted(scores, reverse=True)
         for d in p["detections"]:
             x1, y1, x2, y2 = d["box"]
-            assert 0 <= x1 < x2 <= side and 0 <= y1 < y2 <= side
-            assert d["box_relative"] == pytest.approx([x1 / side, y1 / side, x2 / side, y2 / side], abs=1e-4)
+            assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height
+            assert d["box_relative"] == pytest.approx([x1 / width, y1 / height, x2 / width, y2 / height], abs=1e-4)
+        # the model's own boxes moved to the file exactly: PyTorch's on the 96x32 input, scaled by the fit
+        image = bundle.test[names.index(name)][0]
+        with torch.no_grad():
+            (want,) = model([image])
+        fit = fit_image(width, height, trained.info.input_shape[-1], "keep_aspect")
+        got = np.asarray([d["box"] for d in p["detections"]], dtype=np.float32).reshape(-1, 4)
+        assert np.abs(got - to_file(want["boxes"].numpy(), fit)).max(initial=0) <= 2.0 + 0.01  # 1 px of the input
+        best = p["detections"][0]  # over an annotated box in the file's pixels (in the input's, IoU would be ~0.25)
+        best_iou.append(max(iou(best["box"], list(b)) for b in truth[name][0]))
         assert sum(p["objects"].values()) == sum(d["score"] >= 0.5 for d in p["detections"])
-        drawn = np.asarray(Image.open(p["image"]))
-        assert drawn.shape == (side, side, 3)
+        assert Path(p["image"]).name == Path(name).with_suffix(".png").name  # named after the frame, at its size
+        assert np.asarray(Image.open(p["image"])).shape == (height, width, 3)
+    assert float(np.median(best_iou)) >= 0.7, best_iou  # a 96x32 input: a pixel off there is two in the file
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_detector_run_sigkilled_mid_epoch_resumes_bit_identical(shapes, tmp_path):
     """Faster R-CNN samples its anchors and proposals from torch's global generator: a resume restores it exactly."""
     args = overrides(shapes, "coco", "data.args.image_size=48", "train.max_steps=24", "train.eval_every_steps=12",

@@ -56,7 +56,6 @@ TINY = ["data.args.image_size=8", "data.args.missing=zero", "model.args.width=16
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # bit-identity and 1e-5 are measured with the machine to itself, as for the segmenter
 def test_a_fusion_run_sigkilled_mid_epoch_resumes_bit_identical(drives, tmp_path):
     args = [f"data.path={drives}", *TINY, "train.max_steps=24", "train.global_batch_size=8",
             "train.micro_batch_size=4", "train.checkpoint_every_steps=3", "train.eval_every_steps=12",

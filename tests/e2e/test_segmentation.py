@@ -107,7 +107,6 @@ def masks(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_a_segmenter_run_sigkilled_mid_epoch_resumes_bit_identical(masks, tmp_path):
     """Augmented masks (flips, crops: a per-sample generator) and BatchNorm statistics: a resume restores both."""
     args = small_run(masks, "train.max_steps=30", "train.eval_every_steps=15", "train.checkpoint_every_steps=5",

@@ -434,7 +434,7 @@ def test_slurm_requeues_a_job_whose_node_dies_and_it_resumes_bit_identically(slu
     job (the file's --requeue): the server shows it queued again under the same Slurm id, then running on the other
     node, where it resumes from its newest checkpoint; its weights and eval equal an uninterrupted run's."""
     svc = slurm_service()
-    steps = 200
+    steps = 120  # long enough to be killed after its checkpoint at step 8 and resume; short for the suite
     job = _submit(svc, steps, "train.checkpoint_every_steps=4")
     running = _wait_state(svc, job.id, ("running",))
     (node,) = running.slots
