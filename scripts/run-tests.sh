@@ -6,14 +6,12 @@
 #   WORKERS=1 scripts/run-tests.sh        # everything in one process, in file order (`make test WORKERS=1`)
 #   scripts/run-tests.sh tests/data -x    # a part of the suite, the same way
 #
-# WORKERS defaults to the CPUs this process may use, plus one for the first phase: its tests often wait (on a job
-# server, Slurm, a subprocess starting), and a core they leave idle goes to the extra worker. Exit status: the first run's failure, else the second's; a
+# WORKERS defaults to the CPUs this process may use. Exit status: the first run's failure, else the second's; a
 # run that selects nothing (pytest's 5, e.g. a folder without serial tests) counts as passed unless both do.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
-CPUS="$("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || nproc)"
-WORKERS="${WORKERS:-$((CPUS + 1))}"
+WORKERS="${WORKERS:-$("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || nproc)}"
 
 if [ "$WORKERS" -le 1 ]; then
   exec "$PY" -m pytest "$@"

@@ -26,7 +26,8 @@ from slurm_cluster import SlurmCluster, slurm_missing
 # started last would run alone while the other workers idle. Only the order changes; a module missing here keeps
 # its place after them.
 LONGEST_FIRST = (
-    "jobs/test_jobs_slurm.py", "e2e/test_detection.py", "e2e/test_segmentation.py", "e2e/test_fixed_seed_table.py",
+    "jobs/test_jobs_slurm.py", "e2e/test_detection.py", "e2e/test_detection_runs.py", "e2e/test_segmentation.py",
+    "e2e/test_fixed_seed_table.py",
     "distributed/test_launch_slurm.py", "e2e/test_medical_volumes.py", "e2e/test_fusion.py",
     "benchmarks/test_gpu_check.py", "e2e/test_hostile_files_round3.py", "jobs/test_jobs_dashboard.py",
     "e2e/test_distill_tasks.py", "planning/test_plan.py", "e2e/test_plugin_tasks.py",
