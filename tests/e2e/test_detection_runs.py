@@ -27,6 +27,7 @@ def shapes(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_a_detector_run_sigkilled_mid_epoch_resumes_bit_identical(shapes, tmp_path):
     """Faster R-CNN samples its anchors and proposals from torch's global generator: a resume restores it exactly."""
     args = overrides(shapes, "coco", "data.args.image_size=48", "train.max_steps=24", "train.eval_every_steps=12",

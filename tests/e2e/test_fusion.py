@@ -56,6 +56,7 @@ TINY = ["data.args.image_size=8", "data.args.missing=zero", "model.args.width=16
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # bit-identity is measured with the machine to itself (MKL may use fewer threads when it is busy)
 def test_a_fusion_run_sigkilled_mid_epoch_resumes_bit_identical(drives, tmp_path):
     args = [f"data.path={drives}", *TINY, "train.max_steps=24", "train.global_batch_size=8",
             "train.micro_batch_size=4", "train.checkpoint_every_steps=3", "train.eval_every_steps=12",

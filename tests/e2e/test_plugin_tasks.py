@@ -270,6 +270,7 @@ def test_plan_names_a_setup_for_a_plugin_task(task, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("task", sorted(TASK_RUNS))
 def test_a_plugin_task_run_sigkilled_mid_epoch_resumes_bit_identical(task, tmp_path):
     overrides = run_overrides("train.epochs=2", "train.checkpoint_every_steps=5", task=task)

@@ -107,6 +107,7 @@ def masks(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # bit-identity is measured with the machine to itself: in the parallel phase it failed
 def test_a_segmenter_run_sigkilled_mid_epoch_resumes_bit_identical(masks, tmp_path):
     """Augmented masks (flips, crops: a per-sample generator) and BatchNorm statistics: a resume restores both."""
     args = small_run(masks, "train.max_steps=30", "train.eval_every_steps=15", "train.checkpoint_every_steps=5",
