@@ -37,14 +37,20 @@ def _is_task_name(node: ast.AST) -> bool:
     return False
 
 
+def compares(node: ast.AST, is_value, names_it) -> bool:
+    """`node` is a comparison of a value (`is_value`) with something `names_it` says is a task's or modality's name."""
+    if not isinstance(node, ast.Compare):
+        return False
+    parts = [node.left, *node.comparators]
+    return any(is_value(p) for p in parts) and any(names_it(p) for p in parts if not is_value(p))
+
+
 def task_branches(tree: ast.AST) -> list[int]:
     """Lines of the comparisons with a task name and of the is_<task> flags in `tree`."""
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            parts = [node.left, *node.comparators]
-            if any(_is_task_name(p) for p in parts) and any(_names_a_task(p) for p in parts if not _is_task_name(p)):
-                lines.append(node.lineno)
+        if compares(node, _is_task_name, _names_a_task):
+            lines.append(node.lineno)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and FLAG.match(node.id):
             lines.append(node.lineno)
         elif isinstance(node, (ast.FunctionDef, ast.arg)) and FLAG.match(getattr(node, "name", None) or
@@ -80,13 +86,7 @@ def _is_string(node: ast.AST) -> bool:
 def modality_branches(tree: ast.AST) -> list[int]:
     """Lines comparing something named like a modality with a string, any string (`info.modality == "image"`,
     `meta.get("modality") in ("volume", "volumes")`): the registry's own names and the names a user might write."""
-    lines = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            parts = [node.left, *node.comparators]
-            if any(_is_string(p) for p in parts) and any(_names_a_modality(p) for p in parts if not _is_string(p)):
-                lines.append(node.lineno)
-    return sorted(lines)
+    return sorted(node.lineno for node in ast.walk(tree) if compares(node, _is_string, _names_a_modality))
 
 
 def _names_a_modality(node: ast.AST) -> bool:
