@@ -5,6 +5,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ import pytest
 os.environ["HF_HUB_OFFLINE"] = "1"
 # What trainforge computes once per machine (token shards, calibration) goes to a home of the test session, never
 # to the user's ~/.cache/trainforge; tests that need their own set TRAINFORGE_HOME themselves.
+# Removed when pytest ends (pytest_unconfigure: an xdist worker leaves without running atexit) or, failing that, at
+# exit.
 os.environ["TRAINFORGE_HOME"] = tempfile.mkdtemp(prefix="trainforge-test-home-")
 atexit.register(shutil.rmtree, os.environ["TRAINFORGE_HOME"], ignore_errors=True)
 
@@ -42,6 +45,33 @@ def pytest_collection_modifyitems(config, items):
         return next((i for name, i in rank.items() if path.endswith("/tests/" + name)), len(rank))
 
     items.sort(key=place)  # stable: the rest keep pytest's order
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ["TRAINFORGE_HOME"], ignore_errors=True)
+
+
+# The test modules (node ids) with a failed test: their shared folders stay to look at.
+_FAILED_MODULES: set[str] = set()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        _FAILED_MODULES.add(item.nodeid.split("::")[0])
+    return report
+
+
+@pytest.fixture(scope="module")
+def module_tmp_path(request, tmp_path_factory) -> Path:
+    """A folder for the runs a module's tests share (a module-scoped fixture's), removed when the module is done and
+    all of its tests passed, as pytest removes a passed test's tmp_path (tmp_path_retention_policy): trained
+    detectors with their checkpoints are GBs that would otherwise stay until the session ends."""
+    path = tmp_path_factory.mktemp(request.node.path.stem)
+    yield path
+    if request.node.nodeid not in _FAILED_MODULES:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

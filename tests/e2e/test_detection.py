@@ -90,9 +90,9 @@ def wide_shapes(tmp_path_factory) -> tuple[Path, dict]:
 
 
 @pytest.fixture(scope="module")
-def keep_aspect_run(wide_shapes, tmp_path_factory) -> tuple[Path, dict]:
+def keep_aspect_run(wide_shapes, module_tmp_path) -> tuple[Path, dict]:
     """The one detector trained here (data.args.resize keep_aspect, the default): its run and eval.json."""
-    run = tmp_path_factory.mktemp("keep-aspect") / "run"
+    run = module_tmp_path / "keep-aspect"
     cfg = trainforge.load_config("coco_detection_finetune", overrides(
         wide_shapes[0], "coco", *WIDE_RUN, "train.micro_batch_size=auto", "log.report=true"))
     assert trainforge.train(cfg, run_dir=run).status == "completed"

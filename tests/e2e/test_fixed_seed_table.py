@@ -72,9 +72,9 @@ def run_pinned(plan: list[list], root: Path, **env: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(files, tmp_path_factory) -> dict[str, Path]:  # noqa: F811
+def runs(files, module_tmp_path) -> dict[str, Path]:  # noqa: F811
     """Every shipped recipe run once, in one pinned process; {name: its run directory}."""
-    root = tmp_path_factory.mktemp("fixed-seed")
+    root = module_tmp_path
     plan = [[name, overrides_of(name, files), str(root / name)] for name in sorted(builtin_recipes())]
     run_pinned(plan, root)
     return {name: root / name for name, _, _ in plan}
