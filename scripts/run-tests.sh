@@ -6,7 +6,8 @@
 #   WORKERS=1 scripts/run-tests.sh        # everything in one process, in file order (`make test WORKERS=1`)
 #   scripts/run-tests.sh tests/data -x    # a part of the suite, the same way
 #
-# WORKERS defaults to the CPUs this process may use. Exit status: the first run's failure, else the second's; a
+# WORKERS defaults to the CPUs this process may use. TEST_REPORTS=DIR keeps both runs' JUnit XML there (every test's
+# time: where the suite's minutes go). Exit status: the first run's failure, else the second's; a
 # run that selects nothing (pytest's 5, e.g. a folder without serial tests) counts as passed unless both do.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,8 +18,12 @@ if [ "$WORKERS" -le 1 ]; then
   exec "$PY" -m pytest "$@"
 fi
 
-reports="$(mktemp -d -t trainforge-tests.XXXXXX)"
-trap 'rm -rf "$reports"' EXIT
+if [ -n "${TEST_REPORTS:-}" ]; then
+  reports="$TEST_REPORTS" && mkdir -p "$reports"
+else
+  reports="$(mktemp -d -t trainforge-tests.XXXXXX)"
+  trap 'rm -rf "$reports"' EXIT
+fi
 echo "== the tests not marked serial, on $WORKERS workers" >&2
 "$PY" -m pytest -n "$WORKERS" --dist loadscope -m "not serial" --durations=15 --junit-xml="$reports/parallel.xml" "$@"
 parallel=$?
