@@ -1,0 +1,447 @@
+"""LiDAR point clouds with 3D boxes (issue 52): `kitti` (KITTI's 3D object layout) and `pointclouds` (OpenPCDet's
+custom layout). Both give the same samples from the same scenes.
+
+    kitti:        data.path/velodyne/*.bin (float32 x, y, z, intensity), label_2/*.txt (type, truncated, occluded,
+                  alpha, 2D box, h w l, x y z of the bottom centre in the rectified camera frame, rotation_y),
+                  calib/*.txt (P2, R0_rect, Tr_velo_to_cam), image_2/*.png (kept for fusion and pictures),
+                  ImageSets/{train,val,test}.txt where present
+    pointclouds:  data.path/points/*.npy, *.bin or *.pcd (pypcd4), labels/*.txt (`x y z dx dy dz heading class`, the
+                  LiDAR frame), ImageSets/ where present
+
+Boxes come out in the LiDAR frame (boxes3d: x y z l w h yaw; a KITTI label turned by its frame's calibration, once,
+in boxes3d.camera_to_lidar). KITTI's `DontCare` rows are regions, not objects: skipped (counted in the report). Where
+the labels carry them (KITTI), each box's difficulty level comes from its 2D height, occlusion and truncation.
+
+A sample is (points float32 (N, F): the finite points inside data.args.point_cloud_range, F the features named by
+data.args.point_features; {"boxes": float32 (n, 7), "labels": int64 (n,) indices into data.args.classes,
+"difficulty": int64 (n,), KITTI only: 0 easy, 1 moderate, 2 hard, -1 none}).
+
+Cleaning, each reason counted in data_report.json's `dropped` and said on the console:
+  frames: missing_points (a frame the labels or ImageSets name without its points file), unreadable_points (not whole
+          records, or not readable), missing_labels, missing_calib (KITTI), singular_calib, empty_frame (no finite
+          point in range);
+  boxes:  bad_label_line (a line that does not parse), unknown_class (a class not in data.args.classes),
+          bad_size (a size of zero or less), out_of_range (a centre outside point_cloud_range);
+  points: nonfinite_points (NaN or infinite: dropped from their frame, which stays).
+A label or calibration file whose format is wrong as a whole (not text; no line of it parses; a calibration that
+does not parse) is one line naming the file, exit 2: nothing is trained on a misread folder.
+
+`kitti` and `pointclouds` join SOURCES (data.source) with the `detection3d` task and the `pointcloud` modality, which
+collate, voxelize, train and evaluate their samples; until then they are called as functions.
+"""
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from trainforge.boxes3d import (CalibrationError, camera_to_lidar, kitti_difficulty, parse_kitti_calib)
+from trainforge.config import DataConfig
+from trainforge.data.base import DataInfo
+from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
+from trainforge.data.sources.common import SourceArgs, parse_args, require_path
+from trainforge.errors import UserError
+from trainforge.hardware.cpus import available_cpus
+
+FRAME_REASONS = ("missing_points", "unreadable_points", "missing_labels", "missing_calib", "singular_calib",
+                 "empty_frame")
+BOX_REASONS = ("bad_label_line", "unknown_class", "bad_size", "out_of_range")
+POINT_REASONS = ("nonfinite_points",)
+POINT_SUFFIXES = (".bin", ".npy", ".pcd")
+FEATURES = ("x", "y", "z", "intensity")
+MAX_LABEL_BYTES = 16 << 20  # a label file is a few KB; a larger one is not a label file
+
+
+class PointArgs(SourceArgs):
+    """data.args of `kitti` and `pointclouds` (OpenPCDet's names and KITTI defaults)."""
+
+    classes: list[str] = Field(default_factory=lambda: ["Car", "Pedestrian", "Cyclist"], min_length=1)
+    # x_min, y_min, z_min, x_max, y_max, z_max in metres, the LiDAR frame: points outside are not read
+    point_cloud_range: list[float] = Field(default_factory=lambda: [0.0, -39.68, -3.0, 69.12, 39.68, 1.0])
+    voxel_size: list[float] = Field(default_factory=lambda: [0.16, 0.16, 4.0])  # a pillar's x, y, z extent, metres
+    max_points_per_voxel: int = Field(32, gt=0, le=1024)
+    max_voxels: list[int] = Field(default_factory=lambda: [16000, 40000])  # pillars kept, train and eval
+    point_features: list[str] = Field(default_factory=lambda: list(FEATURES))
+    bin_features: int = Field(4, ge=3, le=64)  # float32 values per point in a .bin file (KITTI 4, nuScenes 5)
+
+    @field_validator("point_cloud_range")
+    @classmethod
+    def _range(cls, v: list[float]) -> list[float]:
+        if len(v) != 6 or not all(math.isfinite(x) for x in v) or not all(v[i] < v[i + 3] for i in range(3)):
+            raise ValueError("give x_min, y_min, z_min, x_max, y_max, z_max with each min below its max")
+        return v
+
+    @field_validator("voxel_size")
+    @classmethod
+    def _voxel(cls, v: list[float]) -> list[float]:
+        if len(v) != 3 or not all(math.isfinite(x) and x > 0 for x in v):
+            raise ValueError("give a pillar's x, y, z size in metres, each above 0")
+        return v
+
+    @field_validator("max_voxels")
+    @classmethod
+    def _max_voxels(cls, v: list[int]) -> list[int]:
+        if len(v) != 2 or not all(0 < x <= 1_000_000 for x in v):
+            raise ValueError("give [train, eval] pillar counts, each from 1 to 1,000,000")
+        return v
+
+    @field_validator("point_features")
+    @classmethod
+    def _features(cls, v: list[str]) -> list[str]:
+        if v[:3] != ["x", "y", "z"] or any(f not in FEATURES for f in v) or len(set(v)) != len(v):
+            raise ValueError(f"x, y, z first, then any of {', '.join(FEATURES[3:])}")
+        return v
+
+    @model_validator(mode="after")
+    def _grid(self) -> "PointArgs":
+        r, v = self.point_cloud_range, self.voxel_size
+        for axis, name in enumerate("xyz"):
+            cells = (r[axis + 3] - r[axis]) / v[axis]
+            if abs(cells - round(cells)) > 1e-4:
+                raise ValueError(f"point_cloud_range's {name} extent ({r[axis + 3] - r[axis]:g} m) is not a whole "
+                                 f"number of voxel_size {v[axis]:g} m")
+        return self
+
+    @property
+    def grid_size(self) -> tuple[int, int, int]:
+        r, v = self.point_cloud_range, self.voxel_size
+        return tuple(int(round((r[i + 3] - r[i]) / v[i])) for i in range(3))  # type: ignore[return-value]
+
+
+@dataclass
+class Frame:
+    """One frame as its files name it, before cleaning."""
+
+    stem: str
+    points: Optional[Path]
+    boxes: np.ndarray  # (n, 7) LiDAR frame
+    names: list[str]
+    difficulty: Optional[np.ndarray] = None
+
+
+def read_points(path: str | Path, bin_features: int = 4) -> np.ndarray:
+    """A points file as float32 (N, F): .bin (float32 records of `bin_features` values), .npy (a 2D float array of
+    3 or more columns) or .pcd (x, y, z and intensity where it has one, through pypcd4). Raises ValueError saying why
+    the file is not one."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".bin":
+        size = path.stat().st_size
+        if size % (4 * bin_features):
+            raise ValueError(f"{size} bytes are not whole records of {bin_features} float32 values")
+        return np.fromfile(path, dtype=np.float32).reshape(-1, bin_features)
+    if suffix == ".npy":
+        array = np.load(path, allow_pickle=False, mmap_mode="r")
+        if array.ndim != 2 or array.shape[1] < 3 or array.dtype.kind != "f":
+            raise ValueError(f"a {array.dtype} array of shape {array.shape}, not (N, 3 or more) floats")
+        return np.ascontiguousarray(array, dtype=np.float32)
+    if suffix == ".pcd":
+        from pypcd4 import PointCloud
+
+        cloud = PointCloud.from_path(path)
+        fields = [f for f in ("x", "y", "z", "intensity") if f in cloud.fields]
+        if fields[:3] != ["x", "y", "z"]:
+            raise ValueError(f"fields {', '.join(cloud.fields)}: no x, y, z")
+        return np.asarray(cloud.numpy(tuple(fields)), dtype=np.float32).reshape(-1, len(fields))
+    raise ValueError(f"not one of {', '.join(POINT_SUFFIXES)}")
+
+
+def in_range(points: np.ndarray, point_cloud_range: list[float]) -> np.ndarray:
+    """Which finite points lie inside the range (min inclusive, max exclusive, as a voxel grid's cells are)."""
+    r = point_cloud_range
+    xyz = points[:, :3]
+    return (np.isfinite(points).all(1) & (xyz[:, 0] >= r[0]) & (xyz[:, 0] < r[3]) & (xyz[:, 1] >= r[1])
+            & (xyz[:, 1] < r[4]) & (xyz[:, 2] >= r[2]) & (xyz[:, 2] < r[5]))
+
+
+class PointSamples(Samples):
+    """The kept frames; frame i's points are read, kept in range and cut to the features when asked for."""
+
+    def __init__(self, files: list[str], boxes: list[np.ndarray], labels: list[np.ndarray],
+                 difficulty: Optional[list[np.ndarray]], args: PointArgs) -> None:
+        self.files, self.boxes, self.labels, self.difficulty, self.args = files, boxes, labels, difficulty, args
+        self.columns = [FEATURES.index(f) for f in args.point_features]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def points(self, index: int) -> np.ndarray:
+        try:
+            points = read_points(self.files[index], self.args.bin_features)
+        except Exception as e:  # a file changed since it was read
+            raise SampleUnreadable(self.files[index]) from e
+        points = points[in_range(points, self.args.point_cloud_range)]
+        if max(self.columns) >= points.shape[1]:
+            raise SampleUnreadable(self.files[index])
+        return np.ascontiguousarray(points[:, self.columns])
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        target = {"boxes": torch.from_numpy(self.boxes[index].astype(np.float32)).reshape(-1, 7),
+                  "labels": torch.from_numpy(self.labels[index]).reshape(-1)}
+        if self.difficulty is not None:
+            target["difficulty"] = torch.from_numpy(self.difficulty[index]).reshape(-1)
+        return torch.from_numpy(self.points(index)), target
+
+    def subset(self, keep: np.ndarray) -> "PointSamples":
+        return PointSamples([self.files[i] for i in keep], [self.boxes[i] for i in keep],
+                            [self.labels[i] for i in keep],
+                            None if self.difficulty is None else [self.difficulty[i] for i in keep], self.args)
+
+
+def read_label_text(path: Path) -> list[str]:
+    """The lines of a label file; a file that is not one (binary, not UTF-8, absurdly large) is one line, exit 2."""
+    if path.stat().st_size > MAX_LABEL_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes is not a label file (a few KB); point the labels "
+                        "folder at its label .txt files", public=True)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text, so not a label file; write one box a line", public=True) from None
+    if "\x00" in text:
+        raise UserError(f"{path}: holds NUL bytes, so not a label file; write one box a line", public=True)
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _numbers(values: list[str]) -> Optional[list[float]]:
+    try:
+        out = [float(v) for v in values]
+    except ValueError:
+        return None
+    return out if all(math.isfinite(v) for v in out) else None
+
+
+def parse_kitti_labels(path: Path, calib, drops: DropLog, notes: dict[str, int]) -> Frame:
+    """label_2 rows -> boxes in the LiDAR frame (names as written; DontCare skipped) with their difficulty."""
+    boxes, names, difficulty = [], [], []
+    lines = read_label_text(path)
+    parsed = 0
+    for number, line in enumerate(lines, 1):
+        parts = line.split()
+        values = _numbers(parts[1:15]) if len(parts) in (15, 16) else None  # 16: a score column (results files)
+        if values is None:
+            drops.drop("bad_label_line", f"{path.name} line {number}")
+            continue
+        parsed += 1
+        if parts[0] == "DontCare":
+            notes["dont_care"] = notes.get("dont_care", 0) + 1
+            continue
+        truncated, occluded, _alpha, _x1, y1, _x2, y2, h, w, l, x, y, z, ry = values
+        boxes.append(camera_to_lidar(np.array([[h, w, l, x, y, z, ry]]), calib)[0])
+        names.append(parts[0])
+        difficulty.append(kitti_difficulty(np.array([y2 - y1]), np.array([occluded]), np.array([truncated]))[0])
+    if lines and not parsed:
+        raise UserError(f"{path}: no line is a KITTI label (type truncated occluded alpha x1 y1 x2 y2 h w l x y z "
+                        "rotation_y: 15 values); fix the file or point data.path at a KITTI folder", public=True)
+    return Frame(path.stem, None, np.asarray(boxes, dtype=np.float64).reshape(-1, 7), names,
+                 np.asarray(difficulty, dtype=np.int64))
+
+
+def parse_openpcdet_labels(path: Path, drops: DropLog) -> Frame:
+    """labels/*.txt rows `x y z dx dy dz heading class` (the LiDAR frame)."""
+    boxes, names = [], []
+    lines = read_label_text(path)
+    parsed = 0
+    for number, line in enumerate(lines, 1):
+        parts = line.split()
+        values = _numbers(parts[:7]) if len(parts) == 8 else None
+        if values is None:
+            drops.drop("bad_label_line", f"{path.name} line {number}")
+            continue
+        parsed += 1
+        boxes.append(values)
+        names.append(parts[7])
+    if lines and not parsed:
+        raise UserError(f"{path}: no line is an OpenPCDet label (x y z dx dy dz heading class); fix the file or "
+                        "point data.path at a folder of that layout", public=True)
+    return Frame(path.stem, None, np.asarray(boxes, dtype=np.float64).reshape(-1, 7), names)
+
+
+def image_sets(root: Path) -> Optional[dict[str, list[str]]]:
+    """ImageSets/{train,val,test}.txt where present: each split's frame names, in the file's order."""
+    folder = root / "ImageSets"
+    if not folder.is_dir():
+        return None
+    splits = {}
+    for split in ("train", "val", "test"):
+        file = folder / f"{split}.txt"
+        if file.is_file():
+            names = [line.strip() for line in read_label_text(file)]
+            bad = next((n for n in names if Path(n).name != n or n in ("", ".", "..")), None)
+            if bad is not None:
+                raise UserError(f"{file}: {bad!r} is not a frame name; list frame names (000123), one a line",
+                                public=True)
+            splits[split] = names
+    if "train" not in splits:
+        return None
+    overlap = set(splits["train"]) & set(splits.get("val", [])) | set(splits["train"]) & set(splits.get("test", []))
+    if overlap:
+        raise UserError(f"{folder}: frame {sorted(overlap)[0]} is in train and in another split; list each frame "
+                        "in one split", public=True)
+    return splits
+
+
+def _points_file(folder: Path, stem: str) -> Optional[Path]:
+    for suffix in POINT_SUFFIXES:
+        if (folder / f"{stem}{suffix}").is_file():
+            return folder / f"{stem}{suffix}"
+    return None
+
+
+def _scan(path: Path, args: PointArgs) -> tuple[str, int, int]:
+    """(verdict, points in range, non-finite points) of one points file: ok, unreadable."""
+    try:
+        points = read_points(path, args.bin_features)
+    except Exception:  # noqa: BLE001 - whatever a broken file raises, it is one unreadable frame
+        return "unreadable", 0, 0
+    if max(FEATURES.index(f) for f in args.point_features) >= points.shape[1]:  # no intensity column to read
+        return "unreadable", 0, 0
+    finite = np.isfinite(points).all(1)
+    return "ok", int(in_range(points, args.point_cloud_range).sum()), int((~finite).sum())
+
+
+def point_pool(cfg: DataConfig, args: PointArgs, frames: list[Frame], notes: dict[str, Any],
+               drops: DropLog, splits: Optional[dict[str, list[str]]], frames_read: int) -> Pool:
+    """The cleaned pool of `frames` (see the module doc); `frames_read`: the frames the folder names, those dropped
+    before their labels were parsed (missing_labels, missing_calib, singular_calib) included."""
+    present = [f for f in frames if f.points is not None]
+    for f in frames:
+        if f.points is None:
+            drops.drop("missing_points", f.stem)
+    with ThreadPoolExecutor(max(1, min(8, available_cpus()))) as pool:  # numpy reads release the GIL
+        scans = list(pool.map(lambda f: _scan(f.points, args), present))
+    class_index = {name: i for i, name in enumerate(args.classes)}
+    r = args.point_cloud_range
+    files, boxes, labels, difficulty, stems = [], [], [], [], []
+    read_boxes = sum(len(f.names) for f in frames)
+    for f, (verdict, kept_points, nonfinite) in zip(present, scans):
+        if verdict != "ok":
+            drops.drop("unreadable_points", str(f.points.name))
+            continue
+        if nonfinite:
+            drops.counts["nonfinite_points"] += nonfinite
+            drops.examples.setdefault("nonfinite_points", []).append(f"{f.points.name}: {nonfinite}")
+        if kept_points == 0:
+            drops.drop("empty_frame", str(f.points.name))
+            continue
+        keep = []
+        for k, (box, name) in enumerate(zip(f.boxes, f.names)):
+            ident = f"{f.stem} box {k}"
+            if name not in class_index:
+                drops.drop("unknown_class", f"{ident} ({name})")
+            elif not np.all(box[3:6] > 0):
+                drops.drop("bad_size", ident)
+            elif not (r[0] <= box[0] < r[3] and r[1] <= box[1] < r[4] and r[2] <= box[2] < r[5]):
+                drops.drop("out_of_range", ident)
+            else:
+                keep.append(k)
+        files.append(str(f.points))
+        stems.append(f.stem)
+        boxes.append(f.boxes[keep].astype(np.float64).reshape(-1, 7))
+        labels.append(np.asarray([class_index[f.names[k]] for k in keep], dtype=np.int64))
+        if f.difficulty is not None:
+            difficulty.append(f.difficulty[keep].astype(np.int64))
+    per_class = np.bincount(np.concatenate([np.zeros(0, np.int64), *labels]), minlength=len(args.classes))
+    grid = args.grid_size
+    info = DataInfo("detection3d", "pointcloud", (args.max_voxels[0], args.max_points_per_voxel,
+                                                 len(args.point_features)), "float32", len(args.classes),
+                    tuple(args.classes))
+    samples = PointSamples(files, boxes, labels, difficulty if len(difficulty) == len(files) else None, args)
+    split_indices = None
+    if splits is not None:
+        position = {stem: i for i, stem in enumerate(stems)}
+        split_indices = {name: np.asarray([position[s] for s in names if s in position], dtype=np.int64)
+                         for name, names in splits.items()}
+    report = {"box_reasons": list(BOX_REASONS), "point_reasons": list(POINT_REASONS), "rows_are": "frames",
+              "boxes": {"read": read_boxes, "kept": int(per_class.sum()),
+                        "per_class": {n: int(c) for n, c in zip(args.classes, per_class)}},
+              "grid_size": list(grid), **notes}
+    return Pool(info, samples, labels=None, rows_read=frames_read, drops=drops, splits=split_indices,
+                preprocess={"point_cloud_range": list(args.point_cloud_range), "voxel_size": list(args.voxel_size),
+                            "max_points_per_voxel": args.max_points_per_voxel, "max_voxels": list(args.max_voxels),
+                            "point_features": list(args.point_features), "classes": list(args.classes),
+                            "bin_features": args.bin_features},
+                notes=report)
+
+
+def _stems(folder: Path, suffixes: tuple[str, ...]) -> list[str]:
+    return sorted({p.stem for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes})
+
+
+def _require_folder(root: Path, name: str, what: str) -> Path:
+    folder = root / name
+    if not root.is_dir() or not folder.is_dir():
+        raise UserError(f"data.path: {root} has no {name}/ folder; point it at {what}", public=True)
+    return folder
+
+
+KITTI_WHAT = "a KITTI 3D object folder (velodyne/, label_2/, calib/; the training/ folder of the download)"
+CUSTOM_WHAT = "a folder of OpenPCDet's custom layout (points/, labels/)"
+
+
+def kitti(cfg: DataConfig, *, seed: int) -> Pool:
+    """data.path: KITTI's velodyne/, label_2/, calib/ (image_2/, ImageSets/); args as PointArgs."""
+    args = parse_args(PointArgs, cfg)
+    root = require_path(cfg, KITTI_WHAT)
+    labels_dir = _require_folder(root, "label_2", KITTI_WHAT)
+    velodyne = _require_folder(root, "velodyne", KITTI_WHAT)
+    calib_dir = root / "calib"
+    drops = DropLog(FRAME_REASONS + BOX_REASONS + POINT_REASONS)
+    notes: dict[str, Any] = {"dont_care": 0, "layout": "kitti"}
+    stems = sorted(set(_stems(labels_dir, (".txt",))) | set(_stems(velodyne, (".bin",))))
+    frames = []
+    for stem in stems:
+        label_file = labels_dir / f"{stem}.txt"
+        if not label_file.is_file():
+            drops.drop("missing_labels", stem)
+            continue
+        calib_file = calib_dir / f"{stem}.txt"
+        if not calib_file.is_file():
+            drops.drop("missing_calib", stem)
+            continue
+        try:
+            calib = parse_kitti_calib(read_calib_text(calib_file))
+        except CalibrationError as e:
+            if "singular" in str(e):
+                drops.drop("singular_calib", stem)
+                continue
+            raise UserError(f"{calib_file}: not a KITTI calibration ({e}); it needs P2, R0_rect and Tr_velo_to_cam "
+                            "lines of 12, 9 and 12 numbers", public=True) from None
+        frame = parse_kitti_labels(label_file, calib, drops, notes)
+        frame.points = velodyne / f"{stem}.bin" if (velodyne / f"{stem}.bin").is_file() else None
+        frames.append(frame)
+    return point_pool(cfg, args, frames, notes, drops, image_sets(root), len(stems))
+
+
+def read_calib_text(path: Path) -> str:
+    if path.stat().st_size > MAX_LABEL_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes is not a KITTI calibration file", public=True)
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text, so not a KITTI calibration file", public=True) from None
+
+
+def pointclouds(cfg: DataConfig, *, seed: int) -> Pool:
+    """data.path: OpenPCDet's points/ and labels/ (ImageSets/); args as PointArgs."""
+    args = parse_args(PointArgs, cfg)
+    root = require_path(cfg, CUSTOM_WHAT)
+    labels_dir = _require_folder(root, "labels", CUSTOM_WHAT)
+    points_dir = _require_folder(root, "points", CUSTOM_WHAT)
+    drops = DropLog(FRAME_REASONS + BOX_REASONS + POINT_REASONS)
+    stems = sorted(set(_stems(labels_dir, (".txt",))) | set(_stems(points_dir, POINT_SUFFIXES)))
+    frames = []
+    for stem in stems:
+        label_file = labels_dir / f"{stem}.txt"
+        if not label_file.is_file():
+            drops.drop("missing_labels", stem)
+            continue
+        frame = parse_openpcdet_labels(label_file, drops)
+        frame.points = _points_file(points_dir, stem)
+        frames.append(frame)
+    return point_pool(cfg, args, frames, {"layout": "openpcdet"}, drops, image_sets(root), len(stems))
