@@ -1,0 +1,116 @@
+"""Point clouds as a model reads them (numpy only: the training collate and `trainforge predict` run the same code, so
+the same points give the same pillars in both): voxelization into pillars, and the global augmentations that move
+points and their boxes together, each recorded so a point can be taken back to where the sensor saw it.
+
+    pillars = voxelize(points, point_cloud_range, voxel_size, max_points_per_voxel=32, max_voxels=16000)
+    pillars.voxels (V, P, F), pillars.coords (V, 2) as (row y, column x) of the BEV grid, pillars.counts (V,)
+
+    points, boxes, record = global_transform(points, boxes, rotation=0.3, scale=1.02, flip_y=True)
+    original = undo_points(points, record)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Pillars:
+    """The non-empty pillars of one frame, in the order their first point comes in the cloud."""
+
+    voxels: np.ndarray   # float32 (V, P, F): each pillar's first P points, zero-padded
+    coords: np.ndarray   # int64 (V, 2): (row, column) = (y cell, x cell) in the BEV grid
+    counts: np.ndarray   # int64 (V,): points in each pillar (at most P)
+    dropped_points: int  # points beyond P in their pillar, or in pillars beyond max_voxels
+
+
+def grid_size(point_cloud_range, voxel_size) -> tuple[int, int]:
+    """(columns along x, rows along y) of the BEV grid."""
+    r, v = point_cloud_range, voxel_size
+    return int(round((r[3] - r[0]) / v[0])), int(round((r[4] - r[1]) / v[1]))
+
+
+def voxelize(points: np.ndarray, point_cloud_range, voxel_size, max_points_per_voxel: int,
+             max_voxels: int) -> Pillars:
+    """Pillars of the points inside the range (a point on a cell's lower edge belongs to it; the range's upper edge
+    is outside): a pillar per occupied (x, y) cell, keeping its first `max_points_per_voxel` points in cloud order;
+    the first `max_voxels` pillars by their first point. Deterministic: it depends on the points and their order
+    only."""
+    points = np.asarray(points, dtype=np.float32)
+    r = np.asarray(point_cloud_range, dtype=np.float64)
+    v = np.asarray(voxel_size, dtype=np.float64)
+    columns, rows = grid_size(r, v)
+    xyz = points[:, :3].astype(np.float64)
+    cell = np.floor((xyz - r[:3]) / v).astype(np.int64)
+    inside = (np.isfinite(points).all(1) & (cell[:, 0] >= 0) & (cell[:, 0] < columns) & (cell[:, 1] >= 0)
+              & (cell[:, 1] < rows) & (xyz[:, 2] >= r[2]) & (xyz[:, 2] < r[5]))
+    points, cell = points[inside], cell[inside]
+    key = cell[:, 1] * columns + cell[:, 0]
+    unique, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")  # pillars in the order their first point comes
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    pillar = rank[inverse]                     # each point's pillar, numbered by first appearance
+    # each point's place within its pillar: how many points of the same pillar came before it
+    by_pillar = np.argsort(pillar, kind="stable")
+    starts = np.searchsorted(pillar[by_pillar], np.arange(len(unique)))
+    slot = np.empty(len(points), dtype=np.int64)
+    slot[by_pillar] = np.arange(len(points)) - starts[pillar[by_pillar]]
+    keep = (pillar < max_voxels) & (slot < max_points_per_voxel)
+    kept = min(len(unique), max_voxels)
+    voxels = np.zeros((kept, max_points_per_voxel, points.shape[1]), dtype=np.float32)
+    voxels[pillar[keep], slot[keep]] = points[keep]
+    counts = np.bincount(pillar[keep], minlength=kept)[:kept].astype(np.int64)
+    chosen = unique[order[:kept]]
+    coords = np.stack([chosen // columns, chosen % columns], axis=1).astype(np.int64)
+    return Pillars(voxels, coords, counts, int(len(points) - keep.sum()))
+
+
+@dataclass(frozen=True)
+class Transform:
+    """What global_transform did, in order: flip (y -> -y) first, then the turn about z, then the scaling."""
+
+    flip_y: bool = False
+    rotation: float = 0.0
+    scale: float = 1.0
+
+    def as_dict(self) -> dict:
+        return {"flip_y": self.flip_y, "rotation": self.rotation, "scale": self.scale}
+
+
+def _turn(xy: np.ndarray, angle: float) -> np.ndarray:
+    c, s = np.cos(angle), np.sin(angle)
+    return np.stack([xy[:, 0] * c - xy[:, 1] * s, xy[:, 0] * s + xy[:, 1] * c], axis=1)
+
+
+def global_transform(points: np.ndarray, boxes: np.ndarray, *, rotation: float = 0.0, scale: float = 1.0,
+                     flip_y: bool = False) -> tuple[np.ndarray, np.ndarray, Transform]:
+    """The frame mirrored across the x axis (flip_y: y -> -y, a heading -> its negative), turned about z by
+    `rotation` radians, and scaled by `scale` about the sensor: points (N, F) and boxes (n, 7) alike."""
+    points = np.array(points, dtype=np.float32, copy=True)
+    boxes = np.array(boxes, dtype=np.float64, copy=True).reshape(-1, 7)
+    xyz = points[:, :3].astype(np.float64)
+    if flip_y:
+        xyz[:, 1] = -xyz[:, 1]
+        boxes[:, 1] = -boxes[:, 1]
+        boxes[:, 6] = -boxes[:, 6]
+    if rotation:
+        xyz[:, :2] = _turn(xyz[:, :2], rotation)
+        boxes[:, :2] = _turn(boxes[:, :2], rotation)
+        boxes[:, 6] += rotation
+    xyz *= scale
+    boxes[:, :6] *= scale
+    boxes[:, 6] = np.arctan2(np.sin(boxes[:, 6]), np.cos(boxes[:, 6]))
+    points[:, :3] = xyz
+    return points, boxes, Transform(flip_y, float(rotation), float(scale))
+
+
+def undo_points(points: np.ndarray, record: Transform) -> np.ndarray:
+    """Points moved by global_transform, back where the sensor saw them (for projecting into the camera)."""
+    xyz = np.asarray(points, dtype=np.float64)[:, :3] / record.scale
+    if record.rotation:
+        xyz[:, :2] = _turn(xyz[:, :2], -record.rotation)
+    if record.flip_y:
+        xyz[:, 1] = -xyz[:, 1]
+    return xyz
