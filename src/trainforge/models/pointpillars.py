@@ -1,0 +1,159 @@
+"""PointPillars (Lang et al., CVPR 2019) in plain PyTorch, with CenterPoint's centre-heatmap head (Yin et al.,
+CVPR 2021): no compiled ops, so it runs on the CPU and on any GPU, and it exports to ONNX as one graph.
+
+    pillars (B, V, P, F) + counts (B, V) + coords (B, V, 2)
+      -> pillar feature net: a PointNet over each pillar's points (each point with its offset from the pillar's
+         mean and from the pillar's centre), max over the points            -> (B, V, C)
+      -> scatter to the BEV pseudo-image                                    -> (B, C, rows, columns)
+      -> 2D backbone (three strided blocks) and an upsampling neck, concatenated -> (B, 3 x U, rows/s, columns/s)
+      -> head: per-class centre heatmap logits, and at each cell the centre's offset within it, z, log size and
+         the heading as (sin, cos)                                          -> {"heatmap", "offset", "z", "size", "heading"}
+
+Shapes are fixed by the batch's V (max_voxels; a padding pillar has count 0 and is scattered to a cell that is
+dropped), so a fake-tensor simulation follows a training step exactly. Batch norm over the points counts real points
+only (MaskedBatchNorm): padding never shifts the statistics. What the maps mean (targets, loss, decoding to boxes)
+belongs to the detection3d task.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "heading": 2}
+HEATMAP_PRIOR = 0.1  # the heatmap logits start at the log-odds of 0.1 (CenterNet's -2.19): few cells are centres
+
+
+class MaskedBatchNorm(nn.Module):
+    """Batch norm over the last dimension of x (..., C) counting only the rows where mask (...) is true."""
+
+    def __init__(self, channels: int, momentum: float = 0.01, eps: float = 1e-3) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.ones(channels))
+        self.momentum, self.eps = momentum, eps
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        w = mask.to(x.dtype).unsqueeze(-1)
+        if self.training:
+            dims = tuple(range(x.dim() - 1))
+            n = w.sum().clamp_min(1.0)
+            mean = (x * w).sum(dims) / n
+            var = (((x - mean) ** 2) * w).sum(dims) / n
+            with torch.no_grad():
+                unbiased = var * n / (n - 1).clamp_min(1.0)
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+        else:
+            mean, var = self.running_mean.to(x.dtype), self.running_var.to(x.dtype)
+        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
+
+
+class PillarFeatureNet(nn.Module):
+    """Each pillar's points, with their offsets from the pillar's mean (3) and from its centre (x, y), through a
+    linear layer, masked batch norm and ReLU, then the max over the pillar's points."""
+
+    def __init__(self, point_features: int, channels: int, voxel_size, point_cloud_range) -> None:
+        super().__init__()
+        self.linear = nn.Linear(point_features + 5, channels, bias=False)
+        self.norm = MaskedBatchNorm(channels)
+        self.register_buffer("cell", torch.tensor([voxel_size[0], voxel_size[1]], dtype=torch.float32))
+        self.register_buffer("origin", torch.tensor([point_cloud_range[0], point_cloud_range[1]], dtype=torch.float32))
+
+    def forward(self, voxels: torch.Tensor, counts: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+        points = voxels.shape[-2]
+        mask = torch.arange(points, device=voxels.device) < counts.unsqueeze(-1)       # (B, V, P)
+        w = mask.to(voxels.dtype).unsqueeze(-1)
+        xyz = voxels[..., :3]
+        mean = (xyz * w).sum(-2, keepdim=True) / counts.clamp_min(1).to(voxels.dtype)[..., None, None]
+        centre = (coords.flip(-1).to(voxels.dtype) + 0.5) * self.cell + self.origin    # (B, V, 2) as x, y
+        features = torch.cat([voxels, xyz - mean, xyz[..., :2] - centre.unsqueeze(-2)], dim=-1) * w
+        x = torch.relu(self.norm(self.linear(features), mask))
+        x = x.masked_fill(~mask.unsqueeze(-1), float("-inf")).amax(dim=-2)             # (B, V, C)
+        return torch.where(counts.unsqueeze(-1) > 0, x, torch.zeros_like(x))
+
+
+def scatter_to_bev(features: torch.Tensor, coords: torch.Tensor, counts: torch.Tensor, rows: int,
+                   columns: int) -> torch.Tensor:
+    """(B, V, C) pillar features into (B, C, rows, columns): each pillar at its (row, column); padding pillars
+    (count 0) go to an extra cell that is cut off."""
+    b, _, c = features.shape
+    cells = rows * columns
+    index = torch.where(counts > 0, coords[..., 0] * columns + coords[..., 1], torch.full_like(counts, cells))
+    canvas = features.new_zeros(b, cells + 1, c)
+    canvas = canvas.scatter(1, index.unsqueeze(-1).expand(-1, -1, c), features)
+    return canvas[:, :cells].transpose(1, 2).reshape(b, c, rows, columns)
+
+
+def _block(cin: int, cout: int, stride: int, layers: int) -> nn.Sequential:
+    mods: list[nn.Module] = [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01),
+                             nn.ReLU()]
+    for _ in range(layers):
+        mods += [nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01), nn.ReLU()]
+    return nn.Sequential(*mods)
+
+
+class Backbone2D(nn.Module):
+    """SECOND's 2D backbone: blocks at strides 2, 4, 8 of the pseudo-image (by default), each upsampled to stride 2
+    and concatenated."""
+
+    def __init__(self, cin: int, channels=(64, 128, 256), layers=(3, 5, 5), up_channels: int = 128) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList()
+        self.ups = nn.ModuleList()
+        c = cin
+        for i, (cout, n) in enumerate(zip(channels, layers)):
+            self.blocks.append(_block(c, cout, 2, n))
+            scale = 2 ** i  # this block's output is at stride 2^(i+1): back to stride 2
+            up = (nn.ConvTranspose2d(cout, up_channels, scale, scale, bias=False) if scale > 1
+                  else nn.Conv2d(cout, up_channels, 1, bias=False))
+            self.ups.append(nn.Sequential(up, nn.BatchNorm2d(up_channels, eps=1e-3, momentum=0.01), nn.ReLU()))
+            c = cout
+        self.out_channels = up_channels * len(channels)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for block, up in zip(self.blocks, self.ups):
+            x = block(x)
+            outs.append(up(x))
+        return torch.cat(outs, dim=1)
+
+
+class CenterHead(nn.Module):
+    def __init__(self, cin: int, num_classes: int, channels: int = 64) -> None:
+        super().__init__()
+        self.shared = nn.Sequential(nn.Conv2d(cin, channels, 3, 1, 1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+        self.heads = nn.ModuleDict()
+        for name, out in {"heatmap": num_classes, **HEAD_CHANNELS}.items():
+            self.heads[name] = nn.Sequential(nn.Conv2d(channels, channels, 3, 1, 1, bias=False),
+                                             nn.BatchNorm2d(channels), nn.ReLU(), nn.Conv2d(channels, out, 1))
+        prior = torch.log(torch.tensor(HEATMAP_PRIOR / (1 - HEATMAP_PRIOR)))
+        nn.init.constant_(self.heads["heatmap"][-1].bias, float(prior))
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        x = self.shared(x)
+        return {name: head(x) for name, head in self.heads.items()}
+
+
+class PointPillars(nn.Module):
+    """The network: pillars -> the head's maps at stride 2 of the BEV grid (`output_stride`)."""
+
+    output_stride = 2
+
+    def __init__(self, num_classes: int, point_features: int, point_cloud_range, voxel_size, grid: tuple[int, int],
+                 pillar_channels: int = 64, channels=(64, 128, 256), layers=(3, 5, 5), up_channels: int = 128,
+                 head_channels: int = 64) -> None:
+        super().__init__()
+        self.columns, self.rows = grid
+        if self.rows % 8 or self.columns % 8:
+            raise ValueError(f"the BEV grid ({self.columns} x {self.rows} cells) must be a multiple of 8 each way for "
+                             "the backbone's three halvings")
+        self.pillars = PillarFeatureNet(point_features, pillar_channels, voxel_size, point_cloud_range)
+        self.backbone = Backbone2D(pillar_channels, channels, layers, up_channels)
+        self.head = CenterHead(self.backbone.out_channels, num_classes, head_channels)
+
+    def forward(self, voxels: torch.Tensor, counts: torch.Tensor, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+        features = self.pillars(voxels, counts, coords)
+        bev = scatter_to_bev(features, coords, counts, self.rows, self.columns)
+        return self.head(self.backbone(bev))
