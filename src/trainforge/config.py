@@ -50,6 +50,17 @@ class AugmentConfig(Section):
     token_crop: Optional[float] = Field(None, gt=0, le=1)  # text: keep a random window of >= this fraction
     token_dropout: float = Field(0.0, ge=0, le=0.5)  # text: probability each token is deleted
     token_mask: float = Field(0.0, ge=0, le=0.5)  # text: probability each token becomes the pad id
+    # point clouds (OpenPCDet's random_world_*): the whole frame, points and boxes together
+    world_rotation_deg: float = Field(0.0, ge=0, le=180)  # a turn about z drawn from [-v, v] degrees
+    world_scaling: Optional[tuple[float, float]] = None  # a scale drawn from [low, high], e.g. [0.95, 1.05]
+    world_flip: float = Field(0.0, ge=0, le=1)  # probability of mirroring across the x axis (y -> -y)
+
+    @field_validator("world_scaling")
+    @classmethod
+    def _world_scaling(cls, v: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+        if v is not None and not (0 < v[0] <= v[1] <= 10):
+            raise ValueError(f"need 0 < low <= high <= 10, got {list(v)}")
+        return v
 
     @field_validator("crop_scale")
     @classmethod

@@ -13,7 +13,8 @@ from trainforge.data import SOURCES, build_data
 from trainforge.errors import UnknownNameError, UserError
 
 EXPECTED_SOURCES = {
-    "chat", "coco", "csv", "custom", "digits", "hf_datasets", "imagefolder", "jsonl", "masks", "multimodal", "synthetic_images", "synthetic_text",
+    "chat", "coco", "csv", "custom", "digits", "hf_datasets", "imagefolder", "jsonl", "kitti", "masks", "multimodal",
+    "pointclouds", "synthetic_images", "synthetic_text",
     "textfile", "torchvision", "voc", "volumes", "webdataset", "yolo",
 }
 

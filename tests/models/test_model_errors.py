@@ -29,7 +29,8 @@ def test_unknown_name_lists_valid_names():
         build_model(ModelConfig(name="transformr"), DIGITS)
     assert str(err.value) == (
         "model.name: unknown model 'transformr'; choose one of: "
-        "cnn, custom, detector, fusion, gpt, hf, hybrid, mlp, monai, resnet, segmenter, text_transformer, timm, vit"
+        "cnn, custom, detector, fusion, gpt, hf, hybrid, mlp, monai, pointpillars, resnet, segmenter, text_transformer, timm, "
+        "vit"
     )
 
 

@@ -18,6 +18,8 @@ DRIVES = DataInfo("classification", "multimodal", (3, 16, 16), "float32", 2, ("g
                   inputs=(InputInfo("camera", (3, 16, 16), "float32", "image"),
                           InputInfo("features", (5,), "float32", "tabular")))
 VOLUMES = DataInfo("classification", "volume", (1, 16, 16, 16), "float32", 2)
+POINTS = DataInfo("detection3d", "pointcloud", (200, 8, 4), "float32", 3, ("Car", "Pedestrian", "Cyclist"),
+                  pillar_grid=(0.0, -10.24, -3.0, 10.24, 10.24, 1.0, 0.32, 0.32, 4.0, 8, 200, 400))
 
 CASES = {
     "mlp": (IMAGES, {}),
@@ -34,7 +36,8 @@ CASES = {
     "timm": (IMAGES, {"arch": "test_resnet"}),
     "fusion": (DRIVES, {"width": 16}),
     "monai": (VOLUMES, {"arch": "DenseNet121", "init_features": 8, "growth_rate": 4, "block_config": [2, 2]}),
-    "segmenter": (MASKS, {"arch": "lraspp_mobilenet_v3_large", "pretrained": False}),  # logits (N, classes, H, W)  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
+    "segmenter": (MASKS, {"arch": "lraspp_mobilenet_v3_large", "pretrained": False}),
+    "pointpillars": (POINTS, {"channels": [16, 32, 32], "layers": [1, 1, 1]}),  # a dict of the heads' maps  # logits (N, classes, H, W)  # timm ViTs compute drop-path rates with .tolist(): no fake tensors
 }
 
 
@@ -71,15 +74,24 @@ def test_a_detector_builds_on_the_meta_device():
     assert all(p.is_meta for p in model.parameters())
 
 
+def outputs(out) -> list:
+    """A model's output tensors: one, or a dict of them (a 3D detector's head maps)."""
+    return list(out.values()) if isinstance(out, dict) else [out]
+
+
+def total(out):
+    return sum(o.float().sum() for o in outputs(out))
+
+
 @pytest.mark.parametrize("case", [*CASES, "custom"])
 def test_builds_and_runs_on_the_meta_device(case):
     info = CASES.get(case, (IMAGES,))[0]
     with torch.device("meta"):
         model, spec = build_model(config(case), info)
         out = model(blank_input(spec, 2))
-        out.float().sum().backward()
+        total(out).backward()
     assert all(p.is_meta for p in model.parameters())
-    assert out.is_meta and out.shape[0] == 2
+    assert all(o.is_meta and o.shape[0] == 2 for o in outputs(out))
 
 
 @pytest.mark.parametrize("case", [*CASES, "custom"])
@@ -88,6 +100,6 @@ def test_builds_and_trains_under_fake_tensors(case):
     with FakeTensorMode():
         model, spec = build_model(config(case), info)
         out = model(blank_input(spec, 2))
-        out.sum().backward()
+        total(out).backward()
     assert all(isinstance(p, FakeTensor) for p in model.parameters())
     assert all(p.grad is not None for p in model.parameters())

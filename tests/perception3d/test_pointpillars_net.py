@@ -47,12 +47,12 @@ def test_padding_pillars_change_neither_the_output_nor_batch_norm():
     b = padded(points, 6000)
     assert a[3] == b[3] < 4000
     net.train()
-    out_a = net(*a[:3])
+    out_a = net(dict(zip(("voxels", "counts", "coords"), a[:3])))
     stats_a = net.pillars.norm.running_mean.clone()
     torch.manual_seed(0)
     again = PointPillars(3, 4, RANGE, VOXEL, (columns, rows), channels=(16, 32, 32), layers=(1, 1, 1), up_channels=16,
                          head_channels=16).train()
-    out_b = again(*b[:3])
+    out_b = again(dict(zip(("voxels", "counts", "coords"), b[:3])))
     assert torch.allclose(again.pillars.norm.running_mean, stats_a, atol=1e-6)
     for name in out_a:
         assert torch.allclose(out_a[name], out_b[name], atol=1e-5), name
@@ -70,3 +70,26 @@ def test_masked_batch_norm_is_batch_norm_over_the_real_rows():
     want = theirs(x[mask])
     assert torch.allclose(got, want, atol=1e-5)
     assert torch.allclose(ours.running_mean, theirs.running_mean) and torch.allclose(ours.running_var, theirs.running_var)
+
+
+def test_the_registered_factory_builds_it_for_the_datas_pillar_grid():
+    from trainforge.config import ModelConfig
+    from trainforge.data.base import DataInfo
+    from trainforge.errors import UserError
+    from trainforge.models import build_model
+
+    info = DataInfo("detection3d", "pointcloud", (500, 16, 4), "float32", 3, ("Car", "Pedestrian", "Cyclist"),
+                    pillar_grid=(*RANGE, *VOXEL, 16, 500, 800))
+    model, spec = build_model(ModelConfig(name="pointpillars", args={"channels": [16, 32, 32], "layers": [1, 1, 1]}),
+                              info)
+    example = spec.example(2)
+    assert example["voxels"].shape == (2, 500, 16, 4) and example["coords"].shape == (2, 500, 2)
+    out = model(example)
+    assert out["heatmap"].shape == (2, 3, 80, 64)
+    for args, field in (({"layers": [1, 2]}, "layers"), ({"channels": [16, 0, 8]}, "channels[1]")):
+        try:
+            build_model(ModelConfig(name="pointpillars", args=args), info)
+        except UserError as e:
+            assert f"model.args.{field}" in str(e)
+        else:
+            raise AssertionError(args)

@@ -283,7 +283,7 @@ def load_splits(cfg: Any, calibration_samples: int, stored: dict[str, Any], task
 
 
 def to_split(dataset: Any, indices: Any, task: Task, info: Any) -> Split:
-    batch = task.collate([dataset[int(i)] for i in indices])  # integer indices: no augmentation
+    batch = task.collator(info, train=False)([dataset[int(i)] for i in indices])  # integer indices: no augmentation
     return Split(task.export_feeds(batch, info), batch, task)
 
 

@@ -41,6 +41,10 @@ class DataInfo:
     # a sample of several named inputs (a dict; the task's collate batches it): each one's shape, dtype and modality.
     # Empty for one input, which input_shape, input_dtype and modality describe (`named_inputs` gives it a name).
     inputs: tuple[InputInfo, ...] = ()
+    # point clouds: the pillars a frame is cut into (data.args): x_min, y_min, z_min, x_max, y_max, z_max (metres,
+    # point_cloud_range), a pillar's x, y, z size (voxel_size), max_points_per_voxel, max_voxels in training and in
+    # evaluation; empty for other data
+    pillar_grid: tuple[float, ...] = ()
 
     def named_inputs(self) -> tuple[InputInfo, ...]:
         return self.inputs or (InputInfo("x", tuple(self.input_shape), self.input_dtype, self.modality),)

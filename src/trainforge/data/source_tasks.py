@@ -14,8 +14,10 @@ SOURCE_TASK = {
     "hf_datasets": "lm",  # data.args.label_column set: classification
     "imagefolder": "classification",
     "jsonl": "classification",
+    "kitti": "detection3d",
     "masks": "segmentation",
     "multimodal": "classification",
+    "pointclouds": "detection3d",
     "synthetic_images": "classification",
     "synthetic_text": "classification",  # data.args.task: lm
     "textfile": "lm",

@@ -36,7 +36,8 @@ def summarize(report: Mapping[str, Any]) -> DataSummary:
     """The console line, the warnings and the --json counts for one data report."""
     read = int(report.get("rows_read", 0))
     kept = int(report.get("rows_kept", 0))
-    per_box = set(report.get("box_reasons") or ())  # detection data: these reasons count boxes, not images
+    # detection data: these reasons count boxes (and a point cloud's points), not images or frames
+    per_box = set(report.get("box_reasons") or ()) | set(report.get("point_reasons") or ())
     dropped = {reason: int(n) for reason, n in report.get("dropped", {}).items() if reason not in per_box}
     box_drops = {reason: int(n) for reason, n in report.get("dropped", {}).items() if reason in per_box}
     total = sum(dropped.values())
@@ -66,15 +67,20 @@ def summarize(report: Mapping[str, Any]) -> DataSummary:
 
 def _boxes_line(line: str, report: Mapping[str, Any], box_drops: Mapping[str, int]) -> str:
     """Detection data: the rows are images; what cleaning did to their boxes follows them."""
-    line = line.replace(" rows read,", " images read,", 1)
+    rows = str(report.get("rows_are") or "images")  # what a row is: an image, or a point cloud's frame
+    line = line.replace(" rows read,", f" {rows} read,", 1)
     boxes = report.get("boxes") or {}
     clipped = box_drops.get("out_of_bounds", 0)
-    gone = {k: n for k, n in box_drops.items() if k != "out_of_bounds"}
+    point_reasons = set(report.get("point_reasons") or ())
+    gone = {k: n for k, n in box_drops.items() if k != "out_of_bounds" and k not in point_reasons}
     text = f"; boxes {int(boxes.get('read', 0)):,} read, {int(boxes.get('kept', 0)):,} kept"
     if clipped:
         text += f", {clipped:,} clipped to their image (out_of_bounds)"
     if sum(gone.values()):
         text += f", dropped {sum(gone.values()):,} ({_reasons(gone)})"
+    points = {k: n for k, n in box_drops.items() if k in point_reasons}
+    if sum(points.values()):
+        text += f"; points dropped {sum(points.values()):,} ({_reasons(points)})"
     negatives = int(report.get("negatives", 0))
     if negatives:
         text += f"; {negatives:,} images without boxes kept as negatives"

@@ -12,6 +12,6 @@ from __future__ import annotations
 from trainforge.models.zoo import MODELS, build_model, input_spec, is_convolutional, models_that_fit, register_model
 
 # importing a family registers it
-from trainforge.models import cnn, custom, detectors, fusion, gpt, hf, hybrid, mlp, monai_nets, resnet, segmenters, text, timm_models, vit  # noqa: E402,F401  isort: skip
+from trainforge.models import cnn, custom, detectors, fusion, gpt, hf, hybrid, mlp, monai_nets, pointpillars, resnet, segmenters, text, timm_models, vit  # noqa: E402,F401  isort: skip
 
 __all__ = ["MODELS", "build_model", "input_spec", "is_convolutional", "models_that_fit", "register_model"]

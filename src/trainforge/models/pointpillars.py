@@ -16,8 +16,19 @@ belongs to the detection3d task.
 """
 from __future__ import annotations
 
+import math
+from typing import Any, Sequence
+
 import torch
 from torch import nn
+
+from trainforge.data.base import DataInfo
+from trainforge.errors import UserError
+from trainforge.models import args as check
+from trainforge.models.base import InputSpec, NamedInputs
+from trainforge.models.zoo import DataFit, register_model
+from trainforge.points3d import grid_size
+from trainforge.tasks.centers3d import OUTPUT_STRIDE
 
 HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "heading": 2}
 HEATMAP_PRIOR = 0.1  # the heatmap logits start at the log-odds of 0.1 (CenterNet's -2.19): few cells are centres
@@ -26,7 +37,7 @@ HEATMAP_PRIOR = 0.1  # the heatmap logits start at the log-odds of 0.1 (CenterNe
 class MaskedBatchNorm(nn.Module):
     """Batch norm over the last dimension of x (..., C) counting only the rows where mask (...) is true."""
 
-    def __init__(self, channels: int, momentum: float = 0.01, eps: float = 1e-3) -> None:
+    def __init__(self, channels: int, momentum: float = 0.1, eps: float = 1e-3) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(channels))
         self.bias = nn.Parameter(torch.zeros(channels))
@@ -87,10 +98,10 @@ def scatter_to_bev(features: torch.Tensor, coords: torch.Tensor, counts: torch.T
 
 
 def _block(cin: int, cout: int, stride: int, layers: int) -> nn.Sequential:
-    mods: list[nn.Module] = [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01),
+    mods: list[nn.Module] = [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.1),
                              nn.ReLU()]
     for _ in range(layers):
-        mods += [nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.01), nn.ReLU()]
+        mods += [nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout, eps=1e-3, momentum=0.1), nn.ReLU()]
     return nn.Sequential(*mods)
 
 
@@ -108,7 +119,7 @@ class Backbone2D(nn.Module):
             scale = 2 ** i  # this block's output is at stride 2^(i+1): back to stride 2
             up = (nn.ConvTranspose2d(cout, up_channels, scale, scale, bias=False) if scale > 1
                   else nn.Conv2d(cout, up_channels, 1, bias=False))
-            self.ups.append(nn.Sequential(up, nn.BatchNorm2d(up_channels, eps=1e-3, momentum=0.01), nn.ReLU()))
+            self.ups.append(nn.Sequential(up, nn.BatchNorm2d(up_channels, eps=1e-3, momentum=0.1), nn.ReLU()))
             c = cout
         self.out_channels = up_channels * len(channels)
 
@@ -128,8 +139,7 @@ class CenterHead(nn.Module):
         for name, out in {"heatmap": num_classes, **HEAD_CHANNELS}.items():
             self.heads[name] = nn.Sequential(nn.Conv2d(channels, channels, 3, 1, 1, bias=False),
                                              nn.BatchNorm2d(channels), nn.ReLU(), nn.Conv2d(channels, out, 1))
-        prior = torch.log(torch.tensor(HEATMAP_PRIOR / (1 - HEATMAP_PRIOR)))
-        nn.init.constant_(self.heads["heatmap"][-1].bias, float(prior))
+        nn.init.constant_(self.heads["heatmap"][-1].bias, math.log(HEATMAP_PRIOR / (1 - HEATMAP_PRIOR)))
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         x = self.shared(x)
@@ -139,7 +149,7 @@ class CenterHead(nn.Module):
 class PointPillars(nn.Module):
     """The network: pillars -> the head's maps at stride 2 of the BEV grid (`output_stride`)."""
 
-    output_stride = 2
+    output_stride = OUTPUT_STRIDE  # three halvings, upsampled back to the first
 
     def __init__(self, num_classes: int, point_features: int, point_cloud_range, voxel_size, grid: tuple[int, int],
                  pillar_channels: int = 64, channels=(64, 128, 256), layers=(3, 5, 5), up_channels: int = 128,
@@ -153,7 +163,56 @@ class PointPillars(nn.Module):
         self.backbone = Backbone2D(pillar_channels, channels, layers, up_channels)
         self.head = CenterHead(self.backbone.out_channels, num_classes, head_channels)
 
-    def forward(self, voxels: torch.Tensor, counts: torch.Tensor, coords: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, pillars: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """pillars: {"voxels" (B, V, P, F), "counts" (B, V), "coords" (B, V, 2)}, as the task's collate makes them."""
+        voxels, counts, coords = pillars["voxels"], pillars["counts"], pillars["coords"]
         features = self.pillars(voxels, counts, coords)
         bev = scatter_to_bev(features, coords, counts, self.rows, self.columns)
         return self.head(self.backbone(bev))
+
+
+POINT_CLOUDS = DataFit("3D detection (task detection3d: LiDAR point clouds cut into pillars)",
+                       lambda info: len(info.pillar_grid) == 12, ("detection3d",))
+MAX_WIDTH = 4096  # channels of any layer
+
+
+def _widths(key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3:
+        raise UserError(f"model.args.{key}: expected 3 integers (one a backbone block), got {value!r}")
+    out = tuple(check.positive_int(f"{key}[{i}]", v) for i, v in enumerate(value))
+    if max(out) > MAX_WIDTH:
+        raise UserError(f"model.args.{key}: at most {MAX_WIDTH} each, got {list(out)}")
+    return out
+
+
+def _depths(value: Any) -> tuple[int, ...]:
+    if (not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 32 for v in value)):
+        raise UserError(f"model.args.layers: expected 3 integers from 0 to 32 (extra convolutions a block), got "
+                        f"{value!r}")
+    return tuple(value)
+
+
+@register_model("pointpillars", fits=POINT_CLOUDS)
+def build_pointpillars(info: DataInfo, pillar_channels: int = 64, channels: Sequence[int] = (64, 128, 256),
+                       layers: Sequence[int] = (3, 5, 5), up_channels: int = 128,
+                       head_channels: int = 64) -> tuple[nn.Module, NamedInputs]:
+    """PointPillars for the data's pillar grid; its inputs are the task's batch of pillars (training's cap)."""
+    g = info.pillar_grid
+    point_cloud_range, voxel_size, max_points, max_voxels = g[:6], g[6:9], int(g[9]), int(g[10])
+    columns, rows = grid_size(point_cloud_range, voxel_size)
+    if rows % 8 or columns % 8:
+        raise UserError(f"data.args.point_cloud_range: its {columns} x {rows} pillars must be a multiple of 8 each way "
+                        "(the backbone halves the grid three times); widen the range or change voxel_size")
+    for key, value in (("pillar_channels", pillar_channels), ("up_channels", up_channels),
+                       ("head_channels", head_channels)):
+        if check.positive_int(key, value) > MAX_WIDTH:
+            raise UserError(f"model.args.{key}: at most {MAX_WIDTH}, got {value}")
+    features = int(info.input_shape[-1])
+    model = PointPillars(info.num_classes, features, point_cloud_range, voxel_size, (columns, rows),
+                         pillar_channels=pillar_channels, channels=_widths("channels", channels), layers=_depths(layers),
+                         up_channels=up_channels, head_channels=head_channels)
+    spec = NamedInputs((("voxels", InputSpec((max_voxels, max_points, features), torch.float32)),
+                        ("counts", InputSpec((max_voxels,), torch.int64, high=max_points + 1)),
+                        ("coords", InputSpec((max_voxels, 2), torch.int64, high=min(rows, columns)))))
+    return model, spec

@@ -14,4 +14,4 @@ docs/architecture.md, "Adding a task", lists what a new task provides. Standard 
 reads tasks where torch is absent); a task imports torch inside the functions that need it.
 """
 from trainforge.tasks.base import TASKS, Evaluation, Task, register_task, task_of  # noqa: F401
-from trainforge.tasks import classification, detection, lm, segmentation  # noqa: F401,E402 - registers the shipped tasks
+from trainforge.tasks import classification, detection, detection3d, lm, segmentation  # noqa: F401,E402 - registers the shipped tasks

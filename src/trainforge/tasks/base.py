@@ -121,6 +121,12 @@ class Task:
 
         return default_collate(samples)
 
+    def collator(self, info: Any, train: bool) -> Any:
+        """The collate of this data's batches, in training (`train`) or evaluation: `collate` by default; a task whose
+        batching needs the data's facts (a point cloud's pillar grid, its pillar cap in training and in evaluation)
+        returns one bound to them (picklable: the loader's workers call it)."""
+        return self.collate
+
     def inputs(self, batch: Any) -> Any:
         """What the model is called with."""
         return batch[0]

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 REGRESSION = 8  # offset x, y; z; log l, w, h; sin, cos
+OUTPUT_STRIDE = 2  # the head's maps are at half the pillar grid's resolution (models/pointpillars.py)
 MIN_RADIUS = 2  # cells: the smallest Gaussian drawn (CenterPoint's min_radius)
 MIN_OVERLAP = 0.1  # CenterNet's radius: the centre may move this far while the box keeps this IoU with the truth
 

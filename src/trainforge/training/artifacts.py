@@ -123,11 +123,37 @@ def info_from_dict(d: dict[str, Any]) -> DataInfo:
     if not isinstance(names, (list, tuple)) or len(names) > num_classes or not all(isinstance(n, str) for n in names):
         raise BadField(f"data_info.class_names: expected at most num_classes ({num_classes}) names, got {quote(names)}")
     inputs = _inputs(d.get("inputs") or ())
-    return DataInfo(
+    pillar_grid = _pillar_grid(d.get("pillar_grid") or ())
+    return DataInfo(pillar_grid=pillar_grid,
         inputs=inputs, task=d["task"], modality=d["modality"], input_shape=shape, input_dtype=d["input_dtype"], num_classes=num_classes,
         class_names=tuple(names), vocab_size=_count("vocab_size", d.get("vocab_size"), 1, MAX_CLASSES, optional=True),
         seq_len=_count("seq_len", d.get("seq_len"), 1, MAX_DIM, optional=True),
         pad_id=_count("pad_id", d.get("pad_id"), 0, MAX_CLASSES, optional=True))
+
+
+MAX_EXTENT_M = 10_000.0  # a point cloud's range: a sensor sees hundreds of metres
+
+
+def _pillar_grid(value: Any) -> tuple[float, ...]:
+    """data_info.pillar_grid: empty, or a range (6 finite numbers, each min below its max, within MAX_EXTENT_M), a
+    pillar size (3 numbers above 0) that cut at most MAX_DIM cells a side, and three counts (points a pillar,
+    pillars in training, in evaluation) of at most MAX_DIM each."""
+    if value in ((), []):
+        return ()
+    bad = BadField(f"data_info.pillar_grid: expected x_min y_min z_min x_max y_max z_max, a voxel's x y z size, "
+                   f"max_points_per_voxel and max_voxels (train, eval), got {quote(value)}")
+    if not isinstance(value, (list, tuple)) or len(value) != 12:
+        raise bad
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        raise bad
+    r, size, counts = [float(v) for v in value[:6]], [float(v) for v in value[6:9]], value[9:]
+    if not all(-MAX_EXTENT_M <= v <= MAX_EXTENT_M for v in r) or not all(r[i] < r[i + 3] for i in range(3)):
+        raise bad
+    if not all(v > 0 and (r[i + 3] - r[i]) / v <= MAX_DIM for i, v in enumerate(size)):
+        raise bad
+    if not all(float(c).is_integer() and 1 <= c <= MAX_DIM for c in counts):
+        raise bad
+    return tuple(r + size + [int(c) for c in counts])
 
 
 def _modality_name(value: Any) -> bool:

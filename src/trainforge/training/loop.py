@@ -119,12 +119,12 @@ def fit(setup: RunSetup, inputs: RunInputs, hooks: Optional[FitHooks] = None) ->
     batches = TrainBatches(inputs.data.train, seed=loop.seed, micro_batch_size=setup.micro_batch_size,
                            global_batch_size=setup.global_batch_size, num_workers=setup.num_workers,
                            pin_memory=setup.pin_memory, rank=env.rank, world_size=env.world_size,
-                           collate=task_of(info).collate)
+                           collate=task_of(info).collator(info, train=True))
     # evaluation runs at the training micro-batch: a forward pass at the size the run was planned and fitted for
     # needs less memory than that training step. A floor of 64 used to hold GPT-2 at 1,024 tokens at 51-60 GiB on an
     # H200 whatever the micro-batch (logits over a 50k vocabulary), an OOM on a 24-48 GiB GPU where training fits.
     val_loader = make_eval_loader(inputs.data.val, batch_size=setup.micro_batch_size, num_workers=setup.num_workers,
-                                  pin_memory=setup.pin_memory, collate=task_of(info).collate)
+                                  pin_memory=setup.pin_memory, collate=task_of(info).collator(info, train=False))
     facts = RunFacts(loop.seed, loop.config_yaml, info_to_dict(info), inputs.data.preprocess, base_reference(model))
     # one voice: rank 0 logs and shows progress
     metrics = (MetricsLog(run_dir / METRICS, run_dir / TENSORBOARD if loop.tensorboard else None)
@@ -376,7 +376,7 @@ def finish(state: TrainState, model: nn.Module, strategy: Strategy, inputs: RunI
                      metrics=final_val, ran=ran, native={folder: with_tokenizer(w) for folder, w in formats.items()},
                      base=base_reference(model))
     test_loader = make_eval_loader(inputs.data.test, batch_size=setup.micro_batch_size, num_workers=0,
-                                   pin_memory=setup.pin_memory, collate=task_of(info).collate)
+                                   pin_memory=setup.pin_memory, collate=task_of(info).collator(info, train=False))
     test = evaluate_model(model, test_loader, info=info, device=setup.device, precision=setup.precision, detailed=True)
     result.eval = {"split": "test", "step": final_step, **test}
     write_text_atomic(run_dir / EVAL, json.dumps(result.eval, indent=1))

@@ -56,7 +56,7 @@ class Modality:
         """(the train split's augmenter or None, the data.augment settings that apply here, why the others do not).
         `task`: the data's task (trainforge.tasks), whose `token_augmentation` says whether token ops apply."""
         what = f"{self.name} data" if task.token_augmentation else task.title
-        return None, (), f"augmentation applies to images, volumes and text classification, not {what}"
+        return None, (), f"augmentation applies to images, volumes, point clouds and text classification, not {what}"
 
     def record(self, value_range: tuple[float, float]) -> dict[str, Any]:
         """What the preprocessing record (stored with the model) keeps for this modality besides normalization."""

@@ -11,6 +11,7 @@ from trainforge.data.sources import (  # noqa: F401  (imported to register)
     jsonl,
     masks,
     multimodal,
+    pointclouds,
     synthetic,
     tabular,
     textfile,

@@ -26,8 +26,6 @@ Cleaning, each reason counted in data_report.json's `dropped` and said on the co
 A label or calibration file whose format is wrong as a whole (not text; no line of it parses; a calibration that
 does not parse) is one line naming the file, exit 2: nothing is trained on a misread folder.
 
-`kitti` and `pointclouds` join SOURCES (data.source) with the `detection3d` task and the `pointcloud` modality, which
-collate, voxelize, train and evaluate their samples; until then they are called as functions.
 """
 from __future__ import annotations
 
@@ -45,7 +43,7 @@ from trainforge.boxes3d import (CalibrationError, camera_to_lidar, kitti_difficu
 from trainforge.config import DataConfig
 from trainforge.data.base import DataInfo
 from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
-from trainforge.data.sources.common import SourceArgs, parse_args, require_path
+from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 from trainforge.hardware.cpus import available_cpus
 
@@ -350,13 +348,24 @@ def point_pool(cfg: DataConfig, args: PointArgs, frames: list[Frame], notes: dic
     grid = args.grid_size
     info = DataInfo("detection3d", "pointcloud", (args.max_voxels[0], args.max_points_per_voxel,
                                                  len(args.point_features)), "float32", len(args.classes),
-                    tuple(args.classes))
+                    tuple(args.classes),
+                    pillar_grid=(*map(float, args.point_cloud_range), *map(float, args.voxel_size),
+                                 args.max_points_per_voxel, *args.max_voxels))
     samples = PointSamples(files, boxes, labels, difficulty if len(difficulty) == len(files) else None, args)
     split_indices = None
-    if splits is not None:
+    if splits is not None:  # ImageSets: train and val as listed; test too where its frames are here, else val
         position = {stem: i for i, stem in enumerate(stems)}
         split_indices = {name: np.asarray([position[s] for s in names if s in position], dtype=np.int64)
                          for name, names in splits.items()}
+        if not len(split_indices.get("train", ())) or not len(split_indices.get("val", ())):
+            split_indices = None  # nothing usable listed: trainforge's own split
+            notes["image_sets"] = "ignored: no train or no val frame of this folder listed"
+        else:
+            if not len(split_indices.get("test", ())):
+                split_indices["test"] = split_indices["val"]
+                notes["image_sets"] = "test is val (ImageSets lists no test frame of this folder, as KITTI's training/)"
+            listed = set(np.concatenate(list(split_indices.values())).tolist())
+            notes["frames_in_no_split"] = len(stems) - len(listed)
     report = {"box_reasons": list(BOX_REASONS), "point_reasons": list(POINT_REASONS), "rows_are": "frames",
               "boxes": {"read": read_boxes, "kept": int(per_class.sum()),
                         "per_class": {n: int(c) for n, c in zip(args.classes, per_class)}},
@@ -384,6 +393,7 @@ KITTI_WHAT = "a KITTI 3D object folder (velodyne/, label_2/, calib/; the trainin
 CUSTOM_WHAT = "a folder of OpenPCDet's custom layout (points/, labels/)"
 
 
+@SOURCES.register("kitti")
 def kitti(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: KITTI's velodyne/, label_2/, calib/ (image_2/, ImageSets/); args as PointArgs."""
     args = parse_args(PointArgs, cfg)
@@ -427,6 +437,7 @@ def read_calib_text(path: Path) -> str:
         raise UserError(f"{path}: not UTF-8 text, so not a KITTI calibration file", public=True) from None
 
 
+@SOURCES.register("pointclouds")
 def pointclouds(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: OpenPCDet's points/ and labels/ (ImageSets/); args as PointArgs."""
     args = parse_args(PointArgs, cfg)

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 from trainforge.config import AugmentConfig
@@ -26,7 +27,8 @@ MIN_WINDOW_TOKENS = 8  # a text window crop keeps at least this many tokens (all
 IMAGE_OPS = ("rotation_deg", "crop_scale", "hflip", "vflip", "color_jitter")
 TEXT_OPS = ("token_crop", "token_dropout", "token_mask")
 VOLUME_OPS = ("hflip", "vflip", "dflip", "intensity_shift")  # on (C, D, H, W): flips along W, H, D; an offset
-ALL_OPS = tuple(dict.fromkeys(IMAGE_OPS + TEXT_OPS + VOLUME_OPS))  # every data.augment setting, once
+POINT_OPS = ("world_rotation_deg", "world_scaling", "world_flip")  # a point cloud and its boxes, together
+ALL_OPS = tuple(dict.fromkeys(IMAGE_OPS + TEXT_OPS + VOLUME_OPS + POINT_OPS))  # every data.augment setting, once
 
 
 def _uniform(g: torch.Generator, low: float, high: float) -> float:
@@ -284,3 +286,35 @@ def build_augment(cfg: AugmentConfig, *, channels: int, value_range: tuple[float
 
 def build_text_augment(cfg: AugmentConfig, pad_id: Optional[int] = None) -> Optional[TextAugment]:
     return TextAugment(cfg, PAD_ID if pad_id is None else pad_id) if text_ops_set(cfg) else None
+
+
+@dataclass(frozen=True)
+class PointAugment:
+    """The whole frame moved (trainforge.points3d.global_transform): mirrored across the x axis with probability
+    `flip`, turned about z by an angle from [-rotation_deg, rotation_deg], scaled by a factor from `scaling`; the
+    boxes with their points. Drawn from the sample's generator, so a resumed run sees the same scenes. The transform
+    is recorded in the target ("transform"), so a point can be taken back to where the sensor saw it. The dataset
+    calls it with the target: `takes_target`."""
+
+    rotation_deg: float = 0.0
+    scaling: Optional[tuple[float, float]] = None
+    flip: float = 0.0
+    takes_target = True
+
+    def __call__(self, x: torch.Tensor, target: dict, g: torch.Generator) -> tuple[torch.Tensor, dict]:
+        from trainforge.points3d import global_transform
+
+        draws = torch.rand(3, generator=g, dtype=torch.float64).tolist()
+        flip = draws[0] < self.flip
+        rotation = math.radians((2 * draws[1] - 1) * self.rotation_deg)
+        scale = self.scaling[0] + draws[2] * (self.scaling[1] - self.scaling[0]) if self.scaling else 1.0
+        points, boxes, record = global_transform(x.numpy(), target["boxes"].numpy(), rotation=rotation, scale=scale,
+                                                 flip_y=flip)
+        moved = dict(target, boxes=torch.from_numpy(boxes.astype(np.float32)), transform=record.as_dict())
+        return torch.from_numpy(points), moved
+
+
+def build_point_augment(cfg: AugmentConfig) -> Optional[PointAugment]:
+    if not any(getattr(cfg, name) for name in POINT_OPS):
+        return None
+    return PointAugment(cfg.world_rotation_deg, cfg.world_scaling, cfg.world_flip)
