@@ -194,16 +194,23 @@ class PointSamples(Samples):
 
 def read_label_text(path: Path) -> list[str]:
     """The lines of a label file; a file that is not one (binary, not UTF-8, absurdly large) is one line, exit 2."""
-    if path.stat().st_size > MAX_LABEL_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes is not a label file (a few KB); point the labels "
-                        "folder at its label .txt files", public=True)
+    text = _small_text(path, "a label file", "write one box a line")
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _small_text(path: Path, what: str, fix: str) -> str:
+    """A label or calibration file's text; one that is not one (over MAX_LABEL_BYTES, not UTF-8, NUL bytes) is one
+    line naming it, exit 2."""
+    size = path.stat().st_size
+    if size > MAX_LABEL_BYTES:
+        raise UserError(f"{path}: {size:,} bytes is not {what} (a few KB); {fix}", public=True)
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text, so not a label file; write one box a line", public=True) from None
+        raise UserError(f"{path}: not UTF-8 text, so not {what}; {fix}", public=True) from None
     if "\x00" in text:
-        raise UserError(f"{path}: holds NUL bytes, so not a label file; write one box a line", public=True)
-    return [line for line in text.splitlines() if line.strip()]
+        raise UserError(f"{path}: holds NUL bytes, so not {what}; {fix}", public=True)
+    return text
 
 
 def _numbers(values: list[str]) -> Optional[list[float]]:
@@ -389,6 +396,18 @@ def _require_folder(root: Path, name: str, what: str) -> Path:
     return folder
 
 
+def _layout(cfg: DataConfig, what: str, labels: str, points: str, suffixes: tuple[str, ...]
+            ) -> tuple[PointArgs, Path, Path, Path, DropLog, list[str]]:
+    """What both layouts start from: the args, data.path, its labels and points folders, an empty drop log, and the
+    frame names either folder holds (a frame missing from one is counted by its reason)."""
+    args = parse_args(PointArgs, cfg)
+    root = require_path(cfg, what)
+    labels_dir = _require_folder(root, labels, what)
+    points_dir = _require_folder(root, points, what)
+    stems = sorted(set(_stems(labels_dir, (".txt",))) | set(_stems(points_dir, suffixes)))
+    return args, root, labels_dir, points_dir, DropLog(FRAME_REASONS + BOX_REASONS + POINT_REASONS), stems
+
+
 KITTI_WHAT = "a KITTI 3D object folder (velodyne/, label_2/, calib/; the training/ folder of the download)"
 CUSTOM_WHAT = "a folder of OpenPCDet's custom layout (points/, labels/)"
 
@@ -396,14 +415,9 @@ CUSTOM_WHAT = "a folder of OpenPCDet's custom layout (points/, labels/)"
 @SOURCES.register("kitti")
 def kitti(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: KITTI's velodyne/, label_2/, calib/ (image_2/, ImageSets/); args as PointArgs."""
-    args = parse_args(PointArgs, cfg)
-    root = require_path(cfg, KITTI_WHAT)
-    labels_dir = _require_folder(root, "label_2", KITTI_WHAT)
-    velodyne = _require_folder(root, "velodyne", KITTI_WHAT)
+    args, root, labels_dir, velodyne, drops, stems = _layout(cfg, KITTI_WHAT, "label_2", "velodyne", (".bin",))
     calib_dir = root / "calib"
-    drops = DropLog(FRAME_REASONS + BOX_REASONS + POINT_REASONS)
     notes: dict[str, Any] = {"dont_care": 0, "layout": "kitti"}
-    stems = sorted(set(_stems(labels_dir, (".txt",))) | set(_stems(velodyne, (".bin",))))
     frames = []
     for stem in stems:
         label_file = labels_dir / f"{stem}.txt"
@@ -429,23 +443,13 @@ def kitti(cfg: DataConfig, *, seed: int) -> Pool:
 
 
 def read_calib_text(path: Path) -> str:
-    if path.stat().st_size > MAX_LABEL_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes is not a KITTI calibration file", public=True)
-    try:
-        return path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text, so not a KITTI calibration file", public=True) from None
+    return _small_text(path, "a KITTI calibration file", "give P2, R0_rect and Tr_velo_to_cam lines")
 
 
 @SOURCES.register("pointclouds")
 def pointclouds(cfg: DataConfig, *, seed: int) -> Pool:
     """data.path: OpenPCDet's points/ and labels/ (ImageSets/); args as PointArgs."""
-    args = parse_args(PointArgs, cfg)
-    root = require_path(cfg, CUSTOM_WHAT)
-    labels_dir = _require_folder(root, "labels", CUSTOM_WHAT)
-    points_dir = _require_folder(root, "points", CUSTOM_WHAT)
-    drops = DropLog(FRAME_REASONS + BOX_REASONS + POINT_REASONS)
-    stems = sorted(set(_stems(labels_dir, (".txt",))) | set(_stems(points_dir, POINT_SUFFIXES)))
+    args, root, labels_dir, points_dir, drops, stems = _layout(cfg, CUSTOM_WHAT, "labels", "points", POINT_SUFFIXES)
     frames = []
     for stem in stems:
         label_file = labels_dir / f"{stem}.txt"
