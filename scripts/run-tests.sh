@@ -6,13 +6,17 @@
 #   WORKERS=1 scripts/run-tests.sh        # everything in one process, in file order (`make test WORKERS=1`)
 #   scripts/run-tests.sh tests/data -x    # a part of the suite, the same way
 #
-# WORKERS defaults to the CPUs this process may use. TEST_REPORTS=DIR keeps both runs' JUnit XML there (every test's
+# WORKERS defaults to one more than the CPUs this process may use. TEST_REPORTS=DIR keeps both runs' JUnit XML there (every test's
 # time: where the suite's minutes go). Exit status: the first run's failure, else the second's; a
 # run that selects nothing (pytest's 5, e.g. a folder without serial tests) counts as passed unless both do.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
-WORKERS="${WORKERS:-$("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || nproc)}"
+CPUS="$("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || nproc)"
+# one worker more than the CPUs: the Slurm and server tests mostly wait on other processes (the Slurm module held a
+# worker 520 s of a 1,450 s phase, using little CPU) and each worker's torch runs one thread (below), so the extra
+# worker uses the core a waiting one leaves
+WORKERS="${WORKERS:-$((CPUS + 1))}"
 
 if [ "$WORKERS" -le 1 ]; then
   exec "$PY" -m pytest "$@"
@@ -26,7 +30,6 @@ else
 fi
 # each worker's torch gets its share of the cores: left alone, every worker starts a thread per core, and on 2 cores two
 # workers' 4 spinning OpenMP threads ran the segmentation and 3D modules 3.3x slower (338 s against 103 s)
-CPUS="$("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || nproc)"
 THREADS=$(( CPUS / WORKERS > 0 ? CPUS / WORKERS : 1 ))
 echo "== the tests not marked serial, on $WORKERS workers of $THREADS thread(s) each" >&2
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-$THREADS}" MKL_NUM_THREADS="${MKL_NUM_THREADS:-$THREADS}" "$PY" -m pytest -n "$WORKERS" --dist loadscope -m "not serial" --durations=15 --junit-xml="$reports/parallel.xml" "$@"

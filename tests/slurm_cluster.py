@@ -72,7 +72,10 @@ class SlurmCluster:
             "SlurmctldHost=localhost(127.0.0.1)",
             f"SlurmctldPort={self.ctld_port}",
             "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}", "CredType=cred/munge",
+            # cred_expire is also how long a requeued job waits before it may start again (120 s by default), and
+            # backfill, which starts it then, looks every bf_interval (30 s): a test cluster need not wait that long
+            "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket},cred_expire=10", "CredType=cred/munge",
+            "SchedulerParameters=bf_interval=2",
             f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool-%n",
             f"SlurmctldPidFile={r}/slurmctld.pid", f"SlurmdPidFile={r}/slurmd-%n.pid",
             f"SlurmctldLogFile={r}/slurmctld.log", f"SlurmdLogFile={r}/slurmd-%n.log",

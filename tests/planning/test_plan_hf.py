@@ -39,6 +39,9 @@ PLAN_BUDGET_S = 120  # issue 14: the whole catalog at 1, 2, 4 and 8 GPUs on a 2-
 # took 2.9-3.1 s on 2026-12-03, when the 8B plan of the same (old) code took 165 s against 80 s: 1.45 s at the
 # speed the budget was set at.
 CALIBRATION_REFERENCE_S = 1.45
+# Both the plan and the calibration are timed in this process's CPU seconds: the planner runs fake tensors on one
+# thread, so on a machine to itself its CPU time is its wall time, and beside other tests (the suite's parallel phase)
+# the cores they take do not count against it.
 SMALL_LLAMA = dict(model_type="llama", vocab_size=32000, hidden_size=512, intermediate_size=1408, num_hidden_layers=4,
                    num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=2048)
 SMALL_RECIPE = llama_recipe("calibration", SMALL_LLAMA, seq=1024, num_samples=256, global_batch=8, steps=10)
@@ -50,9 +53,9 @@ def machine_slowdown() -> float:
     plan(cfg, gpus=["h100-sxm"], num_gpus=[1])  # warm-up: imports and first-call caches
     times = []
     for _ in range(3):
-        start_s = time.monotonic()
+        start_s = time.process_time()
         plan(cfg, gpus=["h100-sxm"], num_gpus=[1])
-        times.append(time.monotonic() - start_s)
+        times.append(time.process_time() - start_s)
     return max(1.0, min(times) / CALIBRATION_REFERENCE_S)
 
 VIT_RECIPE = [
@@ -65,13 +68,12 @@ VIT_RECIPE = [
 @pytest.fixture(scope="module")
 def llama_8b_plan():
     cfg = trainforge.load_config(None, LLAMA_8B_RECIPE)
-    start_s = time.monotonic()
+    start_s = time.process_time()
     result = plan(cfg)  # every GPU of the catalog at the default counts
-    return result, time.monotonic() - start_s
+    return result, time.process_time() - start_s
 
 
-@pytest.mark.serial  # a timing bar: measured with the machine to itself
-@pytest.mark.slow
+@pytest.mark.slow  # a timing bar in CPU seconds (see CALIBRATION_REFERENCE_S): it holds beside other tests
 def test_an_8b_llama_is_planned_over_the_whole_catalog_in_under_2_minutes(llama_8b_plan):
     result, elapsed_s = llama_8b_plan
     slowdown = machine_slowdown()
