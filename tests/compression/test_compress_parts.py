@@ -157,11 +157,32 @@ def test_export_falls_back_to_the_tracer_and_a_model_neither_takes_is_one_line(t
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     x = torch.randn(5, 4)  # another batch size: the batch stays dynamic
     np.testing.assert_allclose(session.run(None, {INPUT_NAME: x.numpy()})[0], model(x).detach().numpy(), atol=1e-6)
-    with pytest.raises(UserError, match=r"ONNX export of Unexportable failed with both of torch's exporters "
+    with pytest.raises(UserError, match=r"ONNX export of Unexportable failed with torch's exporters "
                                         r"\(dynamo: .*linalg_eigh.*; TorchScript: .*linalg_eigh") as exc:
         export_onnx(Unexportable(), torch.randn(2, 3, 3), tmp_path / "never.onnx", {})
     assert "\n" not in str(exc.value) and sorted(p.name for p in tmp_path.iterdir()) == ["fallback.onnx"]
     assert "graph" not in capfd.readouterr().out  # the tracer's C++ log stays off stdout (compress --json)
+
+
+def test_a_model_that_names_its_exporters_is_given_only_those(tmp_path):
+    """A family that knows torch.export cannot take it (torchvision's detectors: minutes to fail) goes to the tracer
+    straight away: the error of a model neither takes names the one exporter tried."""
+    from trainforge.compression.export import exporters_of
+    from trainforge.data.base import DataInfo
+    from trainforge.models.detectors import build_detector
+    from trainforge.tasks.exporting import OneImageDetections
+
+    model = Unexportable()
+    model.onnx_exporters = ("torchscript",)
+    with pytest.raises(UserError, match=r"failed with torch's exporters \(TorchScript: .*linalg_eigh[^;]*\)") as exc:
+        export_onnx(model, torch.randn(2, 3, 3), tmp_path / "never.onnx", {})
+    assert "dynamo" not in str(exc.value)
+    assert exporters_of(Unexportable()) == ("dynamo", "torchscript")
+    info = DataInfo("detection", "image", (3, 32, 32), "float32", 3, class_names=("background", "box", "disc"))
+    with torch.device("meta"):
+        for arch in ("fasterrcnn_mobilenet_v3_large_fpn", "retinanet_resnet50_fpn", "fcos_resnet50_fpn", "ssdlite320_mobilenet_v3_large"):
+            detector, _ = build_detector(info, arch=arch, pretrained=False)
+            assert exporters_of(OneImageDetections(detector)) == ("torchscript",), arch
 
 
 @pytest.mark.parametrize("name", ["cnn", "text_transformer"])

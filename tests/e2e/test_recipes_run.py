@@ -1,4 +1,7 @@
-"""Every built-in recipe runs, scaled down by overrides, for a few steps through the real CLI."""
+"""The built-in recipes: how each one is scaled down for a test run (SCALE_DOWN; ON_FILES for those that fine-tune a
+hub model, with tiny local stand-ins: `files`), `trainforge recipes`, and the default recipe's accuracy bar. Each
+recipe's run itself, through the real CLI, is test_fixed_seed_table.py's (one run a recipe serves both its row of the
+table and what its files must show)."""
 from __future__ import annotations
 
 import json
@@ -17,14 +20,12 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
-from trainforge.cli import main, recipe_summary
+from trainforge.cli import main
 from trainforge.tasks import TASKS
 from multimodal_data import write_drives
 from vision_data import MASK_CLASSES, write_masks, write_shapes
 from volume_data import write_lesions, write_patients
 
-COMMON = ["train.max_steps=2", "train.eval_every_steps=2", "log.progress=false", "log.tensorboard=false",
-          "train.early_stopping=null"]
 SCALE_DOWN = {
     "digits_cnn": [],
     "digits_hybrid": [],
@@ -122,85 +123,6 @@ def files(tmp_path_factory) -> dict[str, Path]:
             "detector": detector, "detr": save_tiny_detr(root / "detr"), "masks": root / "masks", "segmenter": segmenter,
             "volumes": volumes, "lesions": lesions, "drives": drives, "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
             "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
-
-
-@pytest.mark.parametrize("name", sorted(ON_FILES))
-def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, tmp_path, capsys):
-    """The recipe as shipped (hub id and all) with only its data and model paths and sizes overridden: it trains,
-    evaluates with the model's tokenizer or preprocessing and writes final/hf that transformers loads (hf)."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    recipe = load_config(name)
-    assert not Path(recipe.data.path).is_absolute()
-    # a detector or a segmenter normalizes its images itself; a volume is windowed, a multimodal sample z-scored
-    vision = recipe.data.source in ("coco", "masks", "volumes", "multimodal")
-    if recipe.model.name == "hf" and not vision:
-        assert recipe.data.tokenizer == "model"
-    else:
-        assert recipe.data.normalize == ("none" if vision else "model")
-    run = tmp_path / "run"
-    with pytest.raises(SystemExit) as code:
-        main(["train", name, *COMMON, *ON_FILES[name](files), "--run-dir", str(run), "--json"])
-    assert code.value.code in (0, None)
-    doc = json.loads(capsys.readouterr().out)
-    assert doc["status"] == "completed" and doc["steps"] == 2
-    ev = json.loads((run / "eval.json").read_text())
-    assert_listed_task(name, run)
-    if recipe.data.source == "coco":  # COCO's metrics, no loss (a detector in eval mode gives detections)
-        assert "loss" not in ev and all(0 <= ev[k] <= 1 for k in ("map", "map_50", "map_75"))
-        if recipe.model.name == "hf":  # final/hf: the model and its image processor, as transformers loads them
-            from transformers import AutoImageProcessor
-
-            assert AutoConfig.from_pretrained(run / "final" / "hf").model_type == "detr"
-            assert type(AutoImageProcessor.from_pretrained(run / "final" / "hf")).__name__.startswith("Detr")
-            # compress exports it as it exports torchvision's detectors (a graph of one image, post-processing in it)
-            with pytest.raises(SystemExit) as code:
-                main(["compress", str(run), "--quantize", "none", "--bench-seconds", "0.1", "--json"])
-            assert code.value.code in (0, None)
-            (fp32,) = json.loads(capsys.readouterr().out)["variants"]
-            assert fp32["max_abs_diff"] < 1e-3 and fp32["map_50"] == pytest.approx(ev["map_50"], abs=1e-3)
-        return
-    assert ev["loss"] > 0 and (("perplexity" in ev) == (recipe.data.source in ("textfile", "chat")))
-    if recipe.model.name == "segmenter":  # mIoU and the rest, per class too
-        assert all(0 <= ev[k] <= 1 for k in ("miou", "dice", "pixel_accuracy")) and len(ev["per_class"]) == 3
-        return
-    if recipe.model.name in ("monai", "fusion"):  # the clinical metrics, and for volumes the patient split
-        segmenting = recipe.data.args.get("mask_column") is not None
-        assert all(k in ev for k in (("miou", "dice", "per_class") if segmenting else
-                                     ("balanced_accuracy", "sensitivity", "specificity", "auroc")))
-        report = json.loads((run / "data_report.json").read_text())
-        assert (report.get("group_by") == "patient_id") == (recipe.model.name == "monai")
-        return
-    if recipe.model.name == "timm":  # the photos were read as timm's data config of the model says
-        pre = json.loads((run / "final" / "model.json").read_text())["preprocess"]["image_preprocess"]
-        assert pre["origin"] == "timm test_resnet data config" and pre["crop_size"] == [160, 160]
-        return
-    assert AutoConfig.from_pretrained(run / "final" / "hf").model_type in ("bert", "llama")
-    assert len(AutoTokenizer.from_pretrained(run / "final" / "hf")) == len(AutoTokenizer.from_pretrained(
-        files["bert" if name == "textcls_finetune" else "llama"]))
-    if recipe.model.lora is not None:  # adapters beside the merged model, loadable by PEFT
-        assert json.loads((run / "final" / "adapter" / "adapter_config.json").read_text())["r"] == recipe.model.lora.r
-
-
-@pytest.mark.parametrize("name", sorted(SCALE_DOWN))
-def test_recipe_runs_a_few_steps(name, tmp_path, capsys):
-    run = tmp_path / "run"
-    with pytest.raises(SystemExit) as code:
-        main(["train", name, *COMMON, *SCALE_DOWN[name], "--run-dir", str(run), "--json"])
-    out = capsys.readouterr().out
-    assert code.value.code in (0, None)
-    doc = json.loads(out)
-    assert doc["status"] == "completed" and doc["steps"] == 2
-    ev = json.loads((run / "eval.json").read_text())
-    assert ev["loss"] > 0
-    assert ("perplexity" in ev) == name.startswith(("charlm", "gpt2"))
-    assert_listed_task(name, run)
-
-
-def assert_listed_task(name: str, run: Path) -> None:
-    """`trainforge recipes` says, from the file alone, the task the recipe's run was trained for."""
-    trained = json.loads((run / "final" / "model.json").read_text())["data_info"]["task"]
-    assert recipe_summary(builtin_recipes()[name])[0] == trained
 
 
 def test_recipes_command_lists_every_recipe(capsys):

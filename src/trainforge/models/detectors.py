@@ -112,6 +112,9 @@ def build_detector(info: DataInfo, arch: str = "fasterrcnn_mobilenet_v3_large_fp
     if pretrained is not False and materializing():  # true: torchvision's COCO weights; a string: a file or a set
         key = "model.args.pretrained"
         load_matching(model, pretrained_state(arch, "DEFAULT" if pretrained is True else str(pretrained), key), arch)
+    # ONNX: torch.export cannot follow a detector that keeps boxes by their scores (NMS, top-k of a data-dependent
+    # count) and takes minutes to say so; the TorchScript tracer exports it in seconds (compression/export.py)
+    model.onnx_exporters = ("torchscript",)
     return model, input_spec(info)
 
 

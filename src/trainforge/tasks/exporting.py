@@ -27,6 +27,11 @@ class OneImageDetections(nn.Module):
         super().__init__()
         self.model = model
 
+    @property
+    def onnx_exporters(self) -> Any:
+        """The wrapped model's exporters (compression/export.py), if its family names them."""
+        return getattr(self.model, "onnx_exporters", None)
+
     def forward(self, images: Any) -> Any:
         (found,) = self.model([images[0]])
         return found["boxes"], found["scores"], found["labels"]
