@@ -105,12 +105,6 @@ class Detection3D(Task):
     def collate(self, samples: list) -> Any:
         raise TypeError("detection3d batches need the data's pillar grid: use task.collator(info, train)")
 
-    def inputs(self, batch: Any) -> Any:
-        return batch[0]
-
-    def target(self, batch: Any) -> Any:
-        return batch[1]
-
     def training_loss(self, output: dict[str, "torch.Tensor"], batch: Any, *, label_smoothing: float = 0.0,
                       loss: Optional[str] = None) -> "torch.Tensor":
         t = batch[1]
