@@ -6,17 +6,16 @@
 #   WORKERS=1 scripts/run-tests.sh        # everything in one process, in file order (`make test WORKERS=1`)
 #   scripts/run-tests.sh tests/data -x    # a part of the suite, the same way
 #
-# WORKERS defaults to one more than the CPUs this process may use. TEST_REPORTS=DIR keeps both runs' JUnit XML there (every test's
+# WORKERS defaults to the CPUs this process may use. TEST_REPORTS=DIR keeps both runs' JUnit XML there (every test's
 # time: where the suite's minutes go). Exit status: the first run's failure, else the second's; a
 # run that selects nothing (pytest's 5, e.g. a folder without serial tests) counts as passed unless both do.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
 CPUS="$("$PY" -c 'import os; print(len(os.sched_getaffinity(0)))' 2>/dev/null || nproc)"
-# one worker more than the CPUs: the Slurm and server tests mostly wait on other processes (the Slurm module held a
-# worker 520 s of a 1,450 s phase, using little CPU) and each worker's torch runs one thread (below), so the extra
-# worker uses the core a waiting one leaves
-WORKERS="${WORKERS:-$((CPUS + 1))}"
+# one worker a CPU: a third worker on 2 CPUs (measured on a clean clone, 2026-12-07) made the first phase longer
+# (1,483 s against 1,451 s): it is CPU-bound, and the longest tests ran under three-way contention
+WORKERS="${WORKERS:-$CPUS}"
 
 if [ "$WORKERS" -le 1 ]; then
   exec "$PY" -m pytest "$@"

@@ -54,6 +54,17 @@ class AugmentConfig(Section):
     world_rotation_deg: float = Field(0.0, ge=0, le=180)  # a turn about z drawn from [-v, v] degrees
     world_scaling: Optional[tuple[float, float]] = None  # a scale drawn from [low, high], e.g. [0.95, 1.05]
     world_flip: float = Field(0.0, ge=0, le=1)  # probability of mirroring across the x axis (y -> -y)
+    # ground-truth sampling (SECOND's; OpenPCDet's gt_sampling): objects of the train split pasted into each training
+    # frame until it holds this many of each class, e.g. {Car: 15, Pedestrian: 10}; before the world ops
+    gt_sampling: Optional[dict[str, int]] = None
+    gt_min_points: int = Field(5, ge=1, le=100_000)  # objects with fewer points are not pasted
+
+    @field_validator("gt_sampling")
+    @classmethod
+    def _gt_sampling(cls, v: Optional[dict[str, int]]) -> Optional[dict[str, int]]:
+        if v is not None and not all(isinstance(n, int) and 0 <= n <= 1000 for n in v.values()):
+            raise ValueError(f"give each class the objects a frame should hold, 0 to 1000, got {v}")
+        return v
 
     @field_validator("world_scaling")
     @classmethod

@@ -7,6 +7,9 @@ points and their boxes together, each recorded so a point can be taken back to w
 
     points, boxes, record = global_transform(points, boxes, rotation=0.3, scale=1.02, flip_y=True)
     original = undo_points(points, record)
+
+    database = build_object_database(frames, min_points=5)    # frames: (points, boxes, labels) of the train split
+    points, boxes, labels, taken = paste_objects(points, boxes, labels, database, {0: 15}, draw)
 """
 from __future__ import annotations
 
@@ -114,3 +117,77 @@ def undo_points(points: np.ndarray, record: Transform) -> np.ndarray:
     if record.flip_y:
         xyz[:, 1] = -xyz[:, 1]
     return xyz
+
+
+# ---- ground-truth sampling (SECOND's, as OpenPCDet's gt_sampling): objects of other frames pasted into this one
+
+
+@dataclass(frozen=True)
+class ObjectDatabase:
+    """The labelled objects of a set of frames (the train split's), each with the points inside its box, in the
+    LiDAR frame it was seen in (a pasted object lands where it was, at the range and angle its points were seen)."""
+
+    boxes: np.ndarray          # float64 (M, 7)
+    labels: np.ndarray         # int64 (M,)
+    points: tuple[np.ndarray, ...]  # M float32 arrays (k, F): each object's points
+    difficulty: np.ndarray     # int64 (M,): its KITTI difficulty, -1 where the labels carry none
+
+    def counts(self, num_classes: int) -> list[int]:
+        return np.bincount(self.labels, minlength=num_classes)[:num_classes].tolist()
+
+
+def build_object_database(frames, min_points: int) -> ObjectDatabase:
+    """The objects of `frames` (each (points (N, F), boxes (n, 7), labels (n,)[, difficulty (n,)])) holding at least
+    `min_points` points (OpenPCDet's filter_by_min_points: an object seen by a few points teaches nothing)."""
+    from trainforge.boxes3d import points_in_boxes
+
+    boxes, labels, points, difficulty = [], [], [], []
+    for frame in frames:
+        cloud, frame_boxes, frame_labels = frame[0], np.asarray(frame[1]).reshape(-1, 7), np.asarray(frame[2])
+        frame_difficulty = np.asarray(frame[3]) if len(frame) > 3 and frame[3] is not None else None
+        if not len(frame_boxes):
+            continue
+        inside = points_in_boxes(cloud, frame_boxes)
+        for j in range(len(frame_boxes)):
+            mine = cloud[inside[:, j]]
+            if len(mine) >= min_points:
+                boxes.append(frame_boxes[j])
+                labels.append(int(frame_labels[j]))
+                points.append(np.ascontiguousarray(mine, dtype=np.float32))
+                difficulty.append(-1 if frame_difficulty is None else int(frame_difficulty[j]))
+    return ObjectDatabase(np.asarray(boxes, dtype=np.float64).reshape(-1, 7), np.asarray(labels, dtype=np.int64),
+                          tuple(points), np.asarray(difficulty, dtype=np.int64))
+
+
+def paste_objects(points: np.ndarray, boxes: np.ndarray, labels: np.ndarray, database: ObjectDatabase,
+                  wanted: dict[int, int], draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The frame with objects of `database` pasted in until it holds `wanted[c]` objects of class c, where they fit:
+    for each class in turn, `draw(n, k)` picks k of its n database objects (a permutation's first k: the sample's
+    seeded generator, so a resumed run pastes the same); a candidate whose box overlaps a box of the frame, or one
+    pasted before it, seen from above, is left out (SECOND's collision check). The frame's points inside a pasted box
+    are removed and the object's points appended after the frame's own (the first len(points) - pasted points are the
+    sensor's). Returns points, boxes, labels and the database indices pasted (their boxes are the last ones)."""
+    from trainforge.boxes3d import bev_overlap, points_in_boxes
+
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 7)
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    taken: list[int] = []
+    placed = boxes
+    for label, count in sorted(wanted.items()):
+        need = int(count) - int((labels == label).sum())
+        pool = np.flatnonzero(database.labels == label)
+        if need <= 0 or not len(pool):
+            continue
+        for i in pool[np.asarray(draw(len(pool), min(need, len(pool))), dtype=np.int64)]:
+            candidate = database.boxes[i][None]
+            if len(placed) and bev_overlap(candidate, placed).max() > 0:
+                continue
+            placed = np.concatenate([placed, candidate])
+            taken.append(int(i))
+    if not taken:
+        return points, boxes, labels, np.zeros(0, dtype=np.int64)
+    chosen = np.asarray(taken, dtype=np.int64)
+    pasted = database.boxes[chosen]
+    keep = ~points_in_boxes(points, pasted).any(axis=1)
+    cloud = np.concatenate([np.asarray(points, dtype=np.float32)[keep], *(database.points[i] for i in chosen)])
+    return (cloud, np.concatenate([boxes, pasted]), np.concatenate([labels, database.labels[chosen]]), chosen)

@@ -177,7 +177,7 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, runs, cap
     recipe = load_config(name)
     assert not Path(recipe.data.path).is_absolute()
     # a detector or a segmenter normalizes its images itself; a volume is windowed, a multimodal sample z-scored
-    vision = recipe.data.source in ("coco", "masks", "volumes", "multimodal")
+    vision = recipe.data.source in ("coco", "masks", "volumes", "multimodal", "kitti")
     if recipe.model.name == "hf" and not vision:
         assert recipe.data.tokenizer == "model"
     else:
@@ -187,6 +187,10 @@ def test_fine_tuning_recipe_runs_offline_on_a_local_model(name, files, runs, cap
     assert doc["status"] == "completed" and doc["steps"] == STEPS
     ev = json.loads((run / "eval.json").read_text())
     assert_listed_task(name, run)
+    if recipe.data.source == "kitti":  # KITTI's AP|R40 in BEV and 3D, nuScenes' centre-distance AP; no loss
+        assert {"map_bev", "map_3d", "map_center", "per_class"} <= set(ev) and "loss" not in ev
+        assert all(0 <= ev[k] <= 1 for k in ("map_bev", "map_3d", "map_center"))
+        return
     if recipe.data.source == "coco":  # COCO's metrics, no loss (a detector in eval mode gives detections)
         assert "loss" not in ev and all(0 <= ev[k] <= 1 for k in ("map", "map_50", "map_75"))
         if recipe.model.name == "hf":  # final/hf: the model and its image processor, as transformers loads them

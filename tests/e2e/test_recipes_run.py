@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from trainforge.config import builtin_recipes, load_config, resolve_recipe
 from trainforge.cli import main
 from trainforge.tasks import TASKS
+from lidar_data import make_scenes, write_kitti
 from multimodal_data import write_drives
 from vision_data import MASK_CLASSES, write_masks, write_shapes
 from volume_data import write_lesions, write_patients
@@ -68,6 +69,13 @@ ON_FILES = {
                                   "train.global_batch_size=2"],
     "fusion_classifier": lambda f: [f"data.path={f['drives']}", "data.args.image_size=16",
                                     "train.global_batch_size=4"],
+    # PointPillars on generated drives in KITTI's layout, a coarse grid and a small network
+    "pointpillars_kitti": lambda f: [f"data.path={f['lidar']}", "data.args.max_points_per_voxel=8",
+                                     "data.args.point_cloud_range=[0, -25.6, -3, 40.96, 25.6, 1]",
+                                     "data.args.voxel_size=[0.64, 0.64, 4]",
+                                     "data.args.max_voxels=[3000, 4000]", "train.global_batch_size=2",
+                                     "model.args={pillar_channels: 16, channels: [16, 32, 32], layers: [1, 1, 1], "
+                                     "up_channels: 16, head_channels: 16}"],
     "segmentation_finetune": lambda f: [f"data.path={f['masks']}", f"model.args.pretrained={f['segmenter']}",
                                         f"data.args.classes=[{', '.join(MASK_CLASSES)}]", "data.args.image_size=64",
                                         "train.global_batch_size=2"],
@@ -122,7 +130,8 @@ def files(tmp_path_factory) -> dict[str, Path]:
     return {"reviews": reviews, "docs": docs, "bert": save_tiny_bert(root / "bert"), "boxes": root / "shapes" / "coco",
             "detector": detector, "detr": save_tiny_detr(root / "detr"), "masks": root / "masks", "segmenter": segmenter,
             "volumes": volumes, "lesions": lesions, "drives": drives, "llama": save_tiny_llama(root / "llama"), "photos": photos, "timm": weights, "chats": chats,
-            "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template)}
+            "chat_llama": save_tiny_llama(root / "chat_llama", chat_template=template),
+            "lidar": write_kitti(root / "kitti", make_scenes(12, seed=0))}
 
 
 def test_recipes_command_lists_every_recipe(capsys):

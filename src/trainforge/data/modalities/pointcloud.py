@@ -10,7 +10,7 @@ from trainforge.data.modalities.base import Modality, register_modality
 @register_modality
 class PointCloud(Modality):
     name = "pointcloud"
-    description = "LiDAR points (N, F): turned, scaled and mirrored with their boxes; cut into pillars"
+    description = "LiDAR points (N, F): objects pasted in; turned, scaled, mirrored with their boxes; cut into pillars"
     spatial_dims = 0
     scaled = False  # metres and a reflectance: the pillar net's batch norm scales them
     served = "point cloud files (.bin, .npy, .pcd)"
@@ -19,4 +19,4 @@ class PointCloud(Modality):
         from trainforge.data.stages.augment import POINT_OPS, build_point_augment
 
         return (build_point_augment(cfg), POINT_OPS,
-                "a point cloud takes data.augment.world_rotation_deg, world_scaling and world_flip")
+                "a point cloud takes data.augment.gt_sampling, world_rotation_deg, world_scaling and world_flip")

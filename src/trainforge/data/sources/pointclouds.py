@@ -191,6 +191,50 @@ class PointSamples(Samples):
                             [self.labels[i] for i in keep],
                             None if self.difficulty is None else [self.difficulty[i] for i in keep], self.args)
 
+    def after_split(self, pool: Pool, splits: dict[str, np.ndarray], cfg: DataConfig,
+                    stored: Optional[dict[str, Any]]) -> tuple[Pool, dict[str, np.ndarray]]:
+        """Ground-truth sampling pastes objects of the train split only: its frames are noted here."""
+        self.train_indices = np.asarray(splits["train"], dtype=np.int64)
+        return pool, splits
+
+    def target_augment(self, augment: Any) -> Any:
+        """A point augmenter that pastes objects gets the train split's objects to paste (built on first use)."""
+        import dataclasses
+
+        if not getattr(augment, "gt_sampling", None):
+            return augment
+        classes = list(self.args.classes)
+        unknown = [name for name, _ in augment.gt_sampling if name not in classes]
+        if unknown:
+            raise UserError(f"data.augment.gt_sampling: {', '.join(map(str, unknown))} not among data.args.classes "
+                            f"({', '.join(classes)}); name classes of the data")
+        wanted = {classes.index(name): count for name, count in augment.gt_sampling}
+        objects = TrainObjects(self, getattr(self, "train_indices", np.arange(len(self))), augment.gt_min_points, wanted)
+        return dataclasses.replace(augment, objects=objects)
+
+
+class TrainObjects:
+    """The train split's objects for ground-truth sampling (`trainforge.points3d.build_object_database`), built the
+    first time a training sample asks for them, in each process that reads samples (a DataLoader worker builds its
+    own, the same): evaluation and compress, which never paste, never read them."""
+
+    def __init__(self, samples: PointSamples, indices: np.ndarray, min_points: int, wanted: dict[int, int]) -> None:
+        self.samples, self.indices, self.min_points, self.wanted = samples, indices, min_points, wanted
+        self._database: Any = None
+
+    def get(self) -> Any:
+        if self._database is None:
+            from trainforge.points3d import build_object_database
+
+            s = self.samples
+            frames = ((s.points(int(i)), s.boxes[int(i)], s.labels[int(i)],
+                       None if s.difficulty is None else s.difficulty[int(i)]) for i in self.indices)
+            self._database = build_object_database(frames, self.min_points)
+        return self._database
+
+    def __getstate__(self) -> dict[str, Any]:  # a worker builds its own rather than receive a pickled copy
+        return {**self.__dict__, "_database": None}
+
 
 def read_label_text(path: Path) -> list[str]:
     """The lines of a label file; a file that is not one (binary, not UTF-8, absurdly large) is one line, exit 2."""

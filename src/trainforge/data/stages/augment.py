@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ MIN_WINDOW_TOKENS = 8  # a text window crop keeps at least this many tokens (all
 IMAGE_OPS = ("rotation_deg", "crop_scale", "hflip", "vflip", "color_jitter")
 TEXT_OPS = ("token_crop", "token_dropout", "token_mask")
 VOLUME_OPS = ("hflip", "vflip", "dflip", "intensity_shift")  # on (C, D, H, W): flips along W, H, D; an offset
-POINT_OPS = ("world_rotation_deg", "world_scaling", "world_flip")  # a point cloud and its boxes, together
+POINT_OPS = ("gt_sampling", "world_rotation_deg", "world_scaling", "world_flip")  # a point cloud and its boxes
 ALL_OPS = tuple(dict.fromkeys(IMAGE_OPS + TEXT_OPS + VOLUME_OPS + POINT_OPS))  # every data.augment setting, once
 
 
@@ -290,31 +290,48 @@ def build_text_augment(cfg: AugmentConfig, pad_id: Optional[int] = None) -> Opti
 
 @dataclass(frozen=True)
 class PointAugment:
-    """The whole frame moved (trainforge.points3d.global_transform): mirrored across the x axis with probability
-    `flip`, turned about z by an angle from [-rotation_deg, rotation_deg], scaled by a factor from `scaling`; the
-    boxes with their points. Drawn from the sample's generator, so a resumed run sees the same scenes. The transform
-    is recorded in the target ("transform"), so a point can be taken back to where the sensor saw it. The dataset
-    calls it with the target: `takes_target`."""
+    """Objects of other frames pasted in first where `gt_sampling` asks for them (trainforge.points3d.paste_objects:
+    `objects` is the train split's database, which the point-cloud samples bind: `target_augment`); then the whole
+    frame moved (trainforge.points3d.global_transform): mirrored across the x axis with probability `flip`, turned
+    about z by an angle from [-rotation_deg, rotation_deg], scaled by a factor from `scaling`; the boxes with their
+    points. Drawn from the sample's generator, so a resumed run sees the same scenes. The transform is recorded in the
+    target ("transform", and "pasted": how many of the last boxes, and of the last points, were pasted), so a point
+    can be taken back to where the sensor saw it. The dataset calls it with the target: `takes_target`."""
 
     rotation_deg: float = 0.0
     scaling: Optional[tuple[float, float]] = None
     flip: float = 0.0
+    gt_sampling: tuple[tuple[str, int], ...] = ()  # (class name, objects a frame should hold)
+    gt_min_points: int = 5
+    objects: Any = None  # the database's source: .get() -> ObjectDatabase, .wanted -> {label: count}
     takes_target = True
 
     def __call__(self, x: torch.Tensor, target: dict, g: torch.Generator) -> tuple[torch.Tensor, dict]:
-        from trainforge.points3d import global_transform
+        from trainforge.points3d import global_transform, paste_objects
 
+        points, boxes = x.numpy(), target["boxes"].numpy()
+        extra: dict[str, Any] = {}
+        if self.gt_sampling and self.objects is not None:
+            database = self.objects.get()
+            labels = target["labels"].numpy()
+            points, boxes, labels, taken = paste_objects(
+                points, boxes, labels, database, self.objects.wanted,
+                lambda n, k: torch.randperm(n, generator=g)[:k].numpy())
+            pasted_points = sum(len(database.points[i]) for i in taken)
+            extra = {"labels": torch.from_numpy(labels), "pasted": {"boxes": len(taken), "points": pasted_points}}
+            if "difficulty" in target:
+                extra["difficulty"] = torch.cat([target["difficulty"], torch.from_numpy(database.difficulty[taken])])
         draws = torch.rand(3, generator=g, dtype=torch.float64).tolist()
         flip = draws[0] < self.flip
         rotation = math.radians((2 * draws[1] - 1) * self.rotation_deg)
         scale = self.scaling[0] + draws[2] * (self.scaling[1] - self.scaling[0]) if self.scaling else 1.0
-        points, boxes, record = global_transform(x.numpy(), target["boxes"].numpy(), rotation=rotation, scale=scale,
-                                                 flip_y=flip)
-        moved = dict(target, boxes=torch.from_numpy(boxes.astype(np.float32)), transform=record.as_dict())
+        points, boxes, record = global_transform(points, boxes, rotation=rotation, scale=scale, flip_y=flip)
+        moved = dict(target, **extra, boxes=torch.from_numpy(boxes.astype(np.float32)), transform=record.as_dict())
         return torch.from_numpy(points), moved
 
 
 def build_point_augment(cfg: AugmentConfig) -> Optional[PointAugment]:
     if not any(getattr(cfg, name) for name in POINT_OPS):
         return None
-    return PointAugment(cfg.world_rotation_deg, cfg.world_scaling, cfg.world_flip)
+    return PointAugment(cfg.world_rotation_deg, cfg.world_scaling, cfg.world_flip,
+                        tuple((cfg.gt_sampling or {}).items()), cfg.gt_min_points)
