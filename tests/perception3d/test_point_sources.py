@@ -117,3 +117,25 @@ def test_a_malformed_file_is_one_line_naming_it(drives, tmp_path, case):
     with pytest.raises(UserError) as e:
         pool_of("kitti", kitti)
     assert str(file) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_malformed_label_file_through_trainforge_train_is_one_line_exit_2_and_nothing_written(drives, tmp_path,
+                                                                                                  capsys):
+    """Acceptance 4 through the command line: the user's run directory is not created, the folder is untouched."""
+    from trainforge.cli import main
+
+    root, _ = drives
+    kitti = tmp_path / "kitti"
+    shutil.copytree(root / "kitti", kitti)
+    bad = kitti / "label_2" / "000003.txt"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    before = sorted((p.relative_to(kitti), p.stat().st_size) for p in kitti.rglob("*"))
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as code:
+        main(["train", "data.source=kitti", f"data.path={kitti}", "model.name=pointpillars",
+              f"data.args={{point_cloud_range: {RANGE}, voxel_size: [0.32, 0.32, 4]}}", "--run-dir", str(run)])
+    assert code.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(bad) in err and "Traceback" not in err, err
+    assert not run.exists()
+    assert sorted((p.relative_to(kitti), p.stat().st_size) for p in kitti.rglob("*")) == before
