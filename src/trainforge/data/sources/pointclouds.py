@@ -165,6 +165,7 @@ class PointSamples(Samples):
                  difficulty: Optional[list[np.ndarray]], args: PointArgs) -> None:
         self.files, self.boxes, self.labels, self.difficulty, self.args = files, boxes, labels, difficulty, args
         self.columns = [FEATURES.index(f) for f in args.point_features]
+        self.train_indices: Optional[np.ndarray] = None  # the train split's frames, once split (after_split)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -209,7 +210,9 @@ class PointSamples(Samples):
             raise UserError(f"data.augment.gt_sampling: {', '.join(map(str, unknown))} not among data.args.classes "
                             f"({', '.join(classes)}); name classes of the data")
         wanted = {classes.index(name): count for name, count in augment.gt_sampling}
-        objects = TrainObjects(self, getattr(self, "train_indices", np.arange(len(self))), augment.gt_min_points, wanted)
+        if self.train_indices is None:  # never all frames: the test split's objects would leak into training
+            raise RuntimeError("ground-truth sampling needs the train split: after_split comes before target_augment")
+        objects = TrainObjects(self, self.train_indices, augment.gt_min_points, wanted)
         return dataclasses.replace(augment, objects=objects)
 
 
