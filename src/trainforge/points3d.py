@@ -2,6 +2,7 @@
 the same points give the same pillars in both): voxelization into pillars, and the global augmentations that move
 points and their boxes together, each recorded so a point can be taken back to where the sensor saw it.
 
+    points = model_points(read_points("000001.bin"), point_cloud_range, ["x", "y", "z", "intensity"])
     pillars = voxelize(points, point_cloud_range, voxel_size, max_points_per_voxel=32, max_voxels=16000)
     pillars.voxels (V, P, F), pillars.coords (V, 2) as (row y, column x) of the BEV grid, pillars.counts (V,)
 
@@ -14,8 +15,58 @@ points and their boxes together, each recorded so a point can be taken back to w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
+
+POINT_SUFFIXES = (".bin", ".npy", ".pcd")  # the points files read (read_points)
+FEATURES = ("x", "y", "z", "intensity")  # what a point may hold, in the order a KITTI .bin stores it
+
+
+def read_points(path: str | Path, bin_features: int = 4) -> np.ndarray:
+    """A points file as float32 (N, F): .bin (float32 records of `bin_features` values), .npy (a 2D float array of
+    3 or more columns) or .pcd (x, y, z and intensity where it has one, through pypcd4). Raises ValueError saying why
+    the file is not one."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".bin":
+        size = path.stat().st_size
+        if size % (4 * bin_features):
+            raise ValueError(f"{size} bytes are not whole records of {bin_features} float32 values")
+        return np.fromfile(path, dtype=np.float32).reshape(-1, bin_features)
+    if suffix == ".npy":
+        array = np.load(path, allow_pickle=False, mmap_mode="r")
+        if array.ndim != 2 or array.shape[1] < 3 or array.dtype.kind != "f":
+            raise ValueError(f"a {array.dtype} array of shape {array.shape}, not (N, 3 or more) floats")
+        return np.ascontiguousarray(array, dtype=np.float32)
+    if suffix == ".pcd":
+        from pypcd4 import PointCloud
+
+        cloud = PointCloud.from_path(path)
+        fields = [f for f in ("x", "y", "z", "intensity") if f in cloud.fields]
+        if fields[:3] != ["x", "y", "z"]:
+            raise ValueError(f"fields {', '.join(cloud.fields)}: no x, y, z")
+        return np.asarray(cloud.numpy(tuple(fields)), dtype=np.float32).reshape(-1, len(fields))
+    raise ValueError(f"not one of {', '.join(POINT_SUFFIXES)}")
+
+
+def in_range(points: np.ndarray, point_cloud_range: list[float]) -> np.ndarray:
+    """Which finite points lie inside the range (min inclusive, max exclusive, as a voxel grid's cells are)."""
+    r = point_cloud_range
+    xyz = points[:, :3]
+    return (np.isfinite(points).all(1) & (xyz[:, 0] >= r[0]) & (xyz[:, 0] < r[3]) & (xyz[:, 1] >= r[1])
+            & (xyz[:, 1] < r[4]) & (xyz[:, 2] >= r[2]) & (xyz[:, 2] < r[5]))
+
+
+def model_points(points: np.ndarray, point_cloud_range: Sequence[float], features: Sequence[str]) -> np.ndarray:
+    """A frame's points as the model reads them: the finite points inside the range, in cloud order, cut to the
+    named features (data.args.point_features, x y z first). Training's samples and `trainforge predict` both."""
+    columns = [FEATURES.index(f) for f in features]
+    points = points[in_range(points, list(point_cloud_range))]
+    if max(columns) >= points.shape[1]:
+        raise ValueError(f"{points.shape[1]} values a point; the model reads {', '.join(features)}")
+    return np.ascontiguousarray(points[:, columns])
 
 
 @dataclass(frozen=True)

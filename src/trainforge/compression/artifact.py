@@ -7,10 +7,11 @@ input named ``input`` and one output named ``logits``, the batch dimension dynam
     {"format": "trainforge-onnx/1", "variant": "int8", "task": "classification", "modality": "image",
      "input_shape": [1, 8, 8], "input_dtype": "float32", "class_names": [...], "preprocess": {...},
      "inputs": [{"name": "input", "shape": [1, 8, 8], "dtype": "float32", "modality": "image"}],
-     "outputs": ["logits"], "task_module": "trainforge.tasks.classification"}
+     "graph_inputs": ["input"], "outputs": ["logits"], "task_module": "trainforge.tasks.classification"}
 
-`inputs` and `outputs` are the graph's, in order (an artifact written before they were recorded has the default
-pair); `task_module` is where the task is defined, so predict can say which module to `--import` for a task
+`inputs` are what predict feeds the task's `serve` (the graph's own inputs, except where the task prepares them:
+3D detection serves a frame's points, shape [-1, 4], and cuts them into the graph's pillars), `graph_inputs` and
+`outputs` the graph's, in order (an artifact written before they were recorded has the default pair); `task_module` is where the task is defined, so predict can say which module to `--import` for a task
 that is not shipped (it never imports a module on an artifact's word).
 
 `preprocess` is the run's preprocessing record (model.json's): normalization statistics, value range,
@@ -82,7 +83,8 @@ META_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "preprocess.vocab_size": (_or_none(_is_int), "an integer or null"),
     "preprocess.feature_names": (_or_none(_list_of(_is_str)), "a list of strings or null"),
     "inputs": (lambda v: _list_of(_is_input)(v) and 1 <= len(v) <= MAX_INPUTS,
-               f"a list of 1 to {MAX_INPUTS} inputs, each {{name, shape: positive integers, dtype, modality}}"),
+               f"a list of 1 to {MAX_INPUTS} inputs, each {{name, shape: positive integers or -1, dtype, modality}}"),
+    "graph_inputs": (lambda v: _list_of(_is_str)(v) and 1 <= len(v) <= MAX_INPUTS, "a list of input names"),
     "outputs": (lambda v: _list_of(_is_str)(v) and 1 <= len(v) <= MAX_INPUTS, "a list of output names"),
     "task_module": (_is_str, "a string"),
 }
@@ -90,13 +92,12 @@ META_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def _is_input(v: Any) -> bool:
     return (isinstance(v, dict) and _is_str(v.get("name")) and _is_str(v.get("dtype")) and _is_str(v.get("modality"))
-            and _list_of(lambda d: _is_int(d) and d >= 1)(v.get("shape")))
+            and _list_of(lambda d: _is_int(d) and (d >= 1 or d == -1))(v.get("shape")))  # -1: any length
 
 
 def artifact_meta(variant: str, info: Any, preprocess: dict[str, Any]) -> dict[str, Any]:
     """The metadata of one variant, from the run's DataInfo and preprocessing record."""
     task = TASKS.get(info.task)
-    signature = task.export_signature(info)
     return {
         "format": FORMAT,
         "variant": variant,
@@ -106,9 +107,9 @@ def artifact_meta(variant: str, info: Any, preprocess: dict[str, Any]) -> dict[s
         "input_dtype": info.input_dtype,
         "class_names": list(info.class_names),
         "preprocess": preprocess,
-        "inputs": [{"name": name, "shape": list(i.shape), "dtype": i.dtype, "modality": i.modality}
-                   for name, i in zip(signature.inputs, info.named_inputs())],
-        "outputs": list(signature.outputs),
+        "inputs": task.served_inputs(info),
+        "graph_inputs": list(task.export_signature(info).inputs),
+        "outputs": list(task.export_signature(info).outputs),
         "task_module": type(task).__module__,
     }
 
@@ -119,6 +120,12 @@ def input_specs(meta: dict[str, Any]) -> list[dict[str, Any]]:
         return list(meta["inputs"])
     return [{"name": INPUT_NAME, "shape": list(meta.get("input_shape") or []), "dtype": meta.get("input_dtype"),
              "modality": meta.get("modality")}]
+
+
+def graph_input_names(meta: dict[str, Any]) -> list[str]:
+    """The ONNX graph's own inputs: `graph_inputs` where the task serves other inputs than the graph takes (3D
+    detection serves points and cuts them into the graph's pillars), else the served inputs' names."""
+    return list(meta.get("graph_inputs") or [str(i["name"]) for i in input_specs(meta)])
 
 
 def output_names(meta: dict[str, Any]) -> list[str]:

@@ -148,7 +148,7 @@ def compress(checkpoint: str | Path, out: Optional[str | Path] = None, options: 
     method = None
     if options.quantize == "int8":
         method = choose_method(exported, example) if options.int8_method == "auto" else options.int8_method
-        batches = calibration.chunks(graph_batch or 32)
+        batches = [task.graph_feeds(chunk, info) for chunk in calibration.chunks(graph_batch or 32)]
         sources = [("int8", fp32, params, flops, teacher)]
         if pruned_path is not None:
             sources.append(("pruned+int8", pruned_path, pruning["params_after"], pruning["flops_after"], pruned_logits))

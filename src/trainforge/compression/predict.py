@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from trainforge.compression.artifact import FILE_NAMES, input_specs, meta_from_session, output_names
+from trainforge.compression.artifact import FILE_NAMES, graph_input_names, input_specs, meta_from_session, output_names
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, servable
 from trainforge.compression.serving import (ARRAY_SUFFIXES, STDIN, array_samples, modality_reader, reads_arrays,
                                             serves_files)
@@ -184,11 +184,11 @@ def load_artifact(path: Union[str, Path], threads: Optional[int] = None, verify:
         raise UserError(f"ARTIFACT: {file} has damaged trainforge metadata; re-export it with `trainforge compress`") from None
     inputs = [i.name for i in session.get_inputs()]
     outputs = [o.name for o in session.get_outputs()]
-    specs, wanted = input_specs(meta), output_names(meta)
-    if inputs != [str(i["name"]) for i in specs] or outputs != wanted:
+    specs, graph, wanted = input_specs(meta), graph_input_names(meta), output_names(meta)
+    if inputs != graph or outputs != wanted:
         raise UserError(
             f"ARTIFACT: {file} has inputs {inputs} and outputs {outputs}; its trainforge metadata says "
-            f"{[i['name'] for i in specs]} -> {wanted}: re-export it with `trainforge compress`"
+            f"{graph} -> {wanted}: re-export it with `trainforge compress`"
         )
     task = served_task(meta, file)
     if any(i.get("dtype") not in DTYPES for i in specs):

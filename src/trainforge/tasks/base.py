@@ -198,6 +198,18 @@ class Task:
         named = info.named_inputs()
         return ExportSignature.batched([INPUT_NAME] if len(named) == 1 else [i.name for i in named], [OUTPUT_NAME])
 
+    def served_inputs(self, info: Any) -> list[dict[str, Any]]:
+        """What `trainforge predict` feeds `serve` (the artifact's `inputs`: name, shape, dtype, modality; -1 for a
+        dimension of any length). By default the graph's own inputs; a task that prepares the graph's inputs inside
+        `serve` (3D detection cuts a frame's points into pillars) names what it takes instead."""
+        return [{"name": name, "shape": list(i.shape), "dtype": i.dtype, "modality": i.modality}
+                for name, i in zip(self.export_signature(info).inputs, info.named_inputs())]
+
+    def graph_feeds(self, feeds: Feeds, info: Any) -> Feeds:
+        """A batch of served feeds as the graph itself takes them (int8 calibration runs the graph on these): the
+        same by default; a task whose `serve` prepares the graph's inputs prepares them here too."""
+        return feeds
+
     def export_module(self, model: Any, info: Any) -> Any:
         """The torch module that is exported: takes the signature's inputs positionally and returns its outputs (a
         tensor, or a tuple in the signature's order). By default the model itself; a model of several inputs is

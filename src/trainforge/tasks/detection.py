@@ -204,10 +204,11 @@ def picture_of_file(picture: Any, fit: Fit) -> Any:
     return part.resize((fit.file_width, fit.file_height), Image.Resampling.BILINEAR)
 
 
-def pad_detections(images: list[dict[str, np.ndarray]], rows: int = SERVED_DETECTIONS) -> dict[str, np.ndarray]:
+def pad_detections(images: list[dict[str, np.ndarray]], rows: int = SERVED_DETECTIONS,
+                   box_values: int = 4) -> dict[str, np.ndarray]:
     """Each image's detections (the graph's outputs of one image), best `rows` first, as (B, rows, ...) arrays
-    padded with label -1, score 0, box 0."""
-    boxes = np.zeros((len(images), rows, 4), dtype=np.float32)
+    padded with label -1, score 0, box 0 (`box_values` numbers a box: 4 corners in 2D, 7 for a 3D box)."""
+    boxes = np.zeros((len(images), rows, box_values), dtype=np.float32)
     scores = np.zeros((len(images), rows), dtype=np.float32)
     labels = np.full((len(images), rows), PADDING_LABEL, dtype=np.int64)
     for i, found in enumerate(images):

@@ -8,14 +8,16 @@ from torch import nn
 
 class PositionalInputs(nn.Module):
     """Calls a model of named inputs (`model({"image": ..., "features": ...})`) with positional tensors, in `names`
-    order: the ONNX graph's inputs are then the names themselves."""
+    order: the ONNX graph's inputs are then the names themselves. `outputs`: a model that returns a dict of named
+    outputs gives them as a tuple in this order (the graph's outputs)."""
 
-    def __init__(self, model: nn.Module, names: Sequence[str]) -> None:
+    def __init__(self, model: nn.Module, names: Sequence[str], outputs: Sequence[str] = ()) -> None:
         super().__init__()
-        self.model, self.names = model, tuple(names)
+        self.model, self.names, self.outputs = model, tuple(names), tuple(outputs)
 
     def forward(self, *inputs: Any) -> Any:
-        return self.model(dict(zip(self.names, inputs)))
+        out = self.model(dict(zip(self.names, inputs)))
+        return tuple(out[name] for name in self.outputs) if self.outputs else out
 
 
 class OneImageDetections(nn.Module):

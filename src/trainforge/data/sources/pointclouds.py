@@ -46,13 +46,12 @@ from trainforge.data.pool import DropLog, Pool, Samples, SampleUnreadable
 from trainforge.data.sources.common import SOURCES, SourceArgs, parse_args, require_path
 from trainforge.errors import UserError
 from trainforge.hardware.cpus import available_cpus
+from trainforge.points3d import FEATURES, POINT_SUFFIXES, in_range, model_points, read_points  # noqa: F401
 
 FRAME_REASONS = ("missing_points", "unreadable_points", "missing_labels", "missing_calib", "singular_calib",
                  "empty_frame")
 BOX_REASONS = ("bad_label_line", "unknown_class", "bad_size", "out_of_range")
 POINT_REASONS = ("nonfinite_points",)
-POINT_SUFFIXES = (".bin", ".npy", ".pcd")
-FEATURES = ("x", "y", "z", "intensity")
 MAX_LABEL_BYTES = 16 << 20  # a label file is a few KB; a larger one is not a label file
 
 
@@ -123,48 +122,12 @@ class Frame:
     difficulty: Optional[np.ndarray] = None
 
 
-def read_points(path: str | Path, bin_features: int = 4) -> np.ndarray:
-    """A points file as float32 (N, F): .bin (float32 records of `bin_features` values), .npy (a 2D float array of
-    3 or more columns) or .pcd (x, y, z and intensity where it has one, through pypcd4). Raises ValueError saying why
-    the file is not one."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".bin":
-        size = path.stat().st_size
-        if size % (4 * bin_features):
-            raise ValueError(f"{size} bytes are not whole records of {bin_features} float32 values")
-        return np.fromfile(path, dtype=np.float32).reshape(-1, bin_features)
-    if suffix == ".npy":
-        array = np.load(path, allow_pickle=False, mmap_mode="r")
-        if array.ndim != 2 or array.shape[1] < 3 or array.dtype.kind != "f":
-            raise ValueError(f"a {array.dtype} array of shape {array.shape}, not (N, 3 or more) floats")
-        return np.ascontiguousarray(array, dtype=np.float32)
-    if suffix == ".pcd":
-        from pypcd4 import PointCloud
-
-        cloud = PointCloud.from_path(path)
-        fields = [f for f in ("x", "y", "z", "intensity") if f in cloud.fields]
-        if fields[:3] != ["x", "y", "z"]:
-            raise ValueError(f"fields {', '.join(cloud.fields)}: no x, y, z")
-        return np.asarray(cloud.numpy(tuple(fields)), dtype=np.float32).reshape(-1, len(fields))
-    raise ValueError(f"not one of {', '.join(POINT_SUFFIXES)}")
-
-
-def in_range(points: np.ndarray, point_cloud_range: list[float]) -> np.ndarray:
-    """Which finite points lie inside the range (min inclusive, max exclusive, as a voxel grid's cells are)."""
-    r = point_cloud_range
-    xyz = points[:, :3]
-    return (np.isfinite(points).all(1) & (xyz[:, 0] >= r[0]) & (xyz[:, 0] < r[3]) & (xyz[:, 1] >= r[1])
-            & (xyz[:, 1] < r[4]) & (xyz[:, 2] >= r[2]) & (xyz[:, 2] < r[5]))
-
-
 class PointSamples(Samples):
     """The kept frames; frame i's points are read, kept in range and cut to the features when asked for."""
 
     def __init__(self, files: list[str], boxes: list[np.ndarray], labels: list[np.ndarray],
                  difficulty: Optional[list[np.ndarray]], args: PointArgs) -> None:
         self.files, self.boxes, self.labels, self.difficulty, self.args = files, boxes, labels, difficulty, args
-        self.columns = [FEATURES.index(f) for f in args.point_features]
         self.train_indices: Optional[np.ndarray] = None  # the train split's frames, once split (after_split)
 
     def __len__(self) -> int:
@@ -175,10 +138,10 @@ class PointSamples(Samples):
             points = read_points(self.files[index], self.args.bin_features)
         except Exception as e:  # a file changed since it was read
             raise SampleUnreadable(self.files[index]) from e
-        points = points[in_range(points, self.args.point_cloud_range)]
-        if max(self.columns) >= points.shape[1]:
-            raise SampleUnreadable(self.files[index])
-        return np.ascontiguousarray(points[:, self.columns])
+        try:
+            return model_points(points, self.args.point_cloud_range, self.args.point_features)
+        except ValueError as e:  # fewer values a point than the features named
+            raise SampleUnreadable(self.files[index]) from e
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         target = {"boxes": torch.from_numpy(self.boxes[index].astype(np.float32)).reshape(-1, 7),
