@@ -28,8 +28,8 @@ from trainforge.boxes3d import (Calibration, bev_iou, corners_3d, format_kitti_c
 CLASSES = ("Car", "Pedestrian", "Cyclist")
 SIZES = {"Car": (3.9, 1.6, 1.56), "Pedestrian": (0.8, 0.6, 1.73), "Cyclist": (1.76, 0.6, 1.73)}  # l, w, h (KITTI's means)
 SENSOR_HEIGHT_M = 1.73
-BEAMS = np.deg2rad(np.linspace(-24.0, 2.0, 32))  # a 32-beam sensor's elevations
-AZIMUTH_STEP = np.deg2rad(0.35)
+BEAMS = 32  # the sensor's beams, elevations evenly from -24 to +2 degrees
+AZIMUTH_STEP_DEG = 0.35
 FOV = np.deg2rad(40)  # objects are placed within +-40 degrees of ahead, which the camera sees
 IMAGE_SIZE = (1242, 375)  # width, height of the rendered camera image (KITTI's)
 MIN_POINTS = 5  # an object the sweep hits fewer times is left out of the scene (hidden behind another)
@@ -77,10 +77,12 @@ def place_objects(rng: np.random.Generator, count: int) -> tuple[np.ndarray, lis
     return np.asarray(boxes).reshape(-1, 7), names
 
 
-def ray_cast(boxes: np.ndarray, rng: np.random.Generator, max_range: float = 60.0) -> np.ndarray:
+def ray_cast(boxes: np.ndarray, rng: np.random.Generator, max_range: float = 60.0, beams: int = BEAMS,
+             azimuth_step_deg: float = AZIMUTH_STEP_DEG) -> np.ndarray:
     """The sweep: (N, 4) float32 points where rays first hit a box or the (noisy) ground; intensity by surface."""
-    azimuth = np.arange(-np.pi / 2, np.pi / 2, AZIMUTH_STEP)  # the front half is enough for the camera's view
-    elev, azim = np.meshgrid(BEAMS, azimuth, indexing="ij")
+    # the front half is enough for the camera's view
+    azimuth = np.arange(-np.pi / 2, np.pi / 2, np.deg2rad(azimuth_step_deg))
+    elev, azim = np.meshgrid(np.deg2rad(np.linspace(-24.0, 2.0, beams)), azimuth, indexing="ij")
     dirs = np.stack([np.cos(elev) * np.cos(azim), np.cos(elev) * np.sin(azim), np.sin(elev)], -1).reshape(-1, 3)
     t_ground = np.where(dirs[:, 2] < -1e-6, -SENSOR_HEIGHT_M / np.minimum(dirs[:, 2], -1e-6), np.inf)
     t_hit, surface = t_ground, np.zeros(len(dirs), dtype=np.int64)  # 0 the ground, k+1 box k
@@ -122,17 +124,20 @@ def render(boxes: np.ndarray, names: list[str], calib: Calibration) -> np.ndarra
     return np.asarray(image)
 
 
-def make_scenes(n: int, seed: int = 0, objects: tuple[int, int] = (2, 6)) -> list[Scene]:
+def make_scenes(n: int, seed: int = 0, objects: tuple[int, int] = (2, 6), beams: int = BEAMS,
+                azimuth_step_deg: float = AZIMUTH_STEP_DEG) -> list[Scene]:
+    """`n` scenes; `beams` and `azimuth_step_deg` the sensor's resolution (32 and 0.35 by default; KITTI's HDL-64E
+    has 64 beams and about 0.09 degrees)."""
     rng = np.random.default_rng(seed)
     scenes = []
     for _ in range(n):
         calib = calibration(rng)
         boxes, names = place_objects(rng, int(rng.integers(objects[0], objects[1] + 1)))
-        points = ray_cast(boxes, rng)
+        points = ray_cast(boxes, rng, beams=beams, azimuth_step_deg=azimuth_step_deg)
         seen = points_in_boxes(points, boxes).sum(0) >= MIN_POINTS
         if not seen.all():  # a hidden object is no object: the sweep again without it
             boxes, names = boxes[seen], [n for n, k in zip(names, seen) if k]
-            points = ray_cast(boxes, rng)
+            points = ray_cast(boxes, rng, beams=beams, azimuth_step_deg=azimuth_step_deg)
         scenes.append(Scene(points, boxes, names, calib, render(boxes, names, calib)))
     return scenes
 

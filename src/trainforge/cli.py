@@ -192,6 +192,10 @@ def eval_cmd(
     out.print(table)
     if result.get("per_class"):
         columns = list(next(iter(result["per_class"].values())))  # precision, recall, f1, support; or ap
+        from trainforge.tasks import TASKS
+
+        shown = TASKS.get(result["task"]).console_per_class if result.get("task") in TASKS else None
+        columns = [c for c in columns if shown is None or c in shown]  # the rest: --json and eval.json
         pc = Table(title="per class")
         for col in ("class", *columns):
             pc.add_column(col, justify="right")

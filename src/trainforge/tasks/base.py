@@ -63,6 +63,8 @@ class Task:
     def predict_refusal(self) -> Optional[str]:  # a subclass may set a class attribute instead
         """None when `trainforge predict` serves this task's exported models (it defines `predictions`), else why not."""
         return None if type(self).predictions is not Task.predictions else "its task defines no predictions"
+    # the per-class columns `trainforge eval` prints (None: every one; the rest are in --json and eval.json)
+    console_per_class: Optional[tuple[str, ...]] = None
     # None when compress exports this task's models to ONNX, else why not (one line, said before anything is loaded)
     export_refusal: Optional[str] = None
     # the exported graph's fixed batch (a detector's graph takes one image: `serve` calls it once per image), or None

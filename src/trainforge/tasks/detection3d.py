@@ -99,6 +99,8 @@ class Detection3D(Task):
     higher_is_better = frozenset(METRICS)
     quality = ("map_bev", "mAP BEV", "test BEV mAP (KITTI AP|R40)")
     chart_metrics = METRICS
+    # the console's per-class table: the IoU each class is held to and its three APs (by difficulty: eval.json)
+    console_per_class = ("iou", "ap_bev", "ap_3d", "ap_center")
     final_only = ("per_class",)  # each class by difficulty and threshold: eval.json only
     served_batch = 1
     export_batch_size = 1

@@ -86,7 +86,8 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", device: Optional[
     loader = make_eval_loader(dataset, batch_size=batch, num_workers=0, pin_memory=dev.type == "cuda",
                               collate=task_of(trained.info).collator(trained.info, train=False))
     result = evaluate_model(model, loader, info=trained.info, device=dev, precision=resolve_precision(cfg.train.precision, dev.type, supports_bf16(dev))[0])
-    return {"split": split, "step": trained.step, "checkpoint": str(trained.source), **result}
+    return {"split": split, "step": trained.step, "checkpoint": str(trained.source), "task": trained.info.task,
+            **result}
 
 
 def _plain_train(data) -> Any:
