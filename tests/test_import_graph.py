@@ -193,7 +193,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[tuple[list[str], list[str]]]
 # the CLI are the top.
 LAYERS = [
     ("foundations", {"errors", "files", "registry", "imports", "metrics_file", "integrity", "console", "config",
-                     "hardware", "confine", "hub", "layout", "weights", "geometry", "boxes3d", "points3d"}),
+                     "hardware", "confine", "hub", "layout", "weights", "geometry", "boxes3d", "points3d", "processes"}),
     ("tasks", {"tasks"}),
     ("data and models", {"data", "models"}),
     ("engine", {"engine"}),

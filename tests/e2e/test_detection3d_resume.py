@@ -9,13 +9,16 @@ batch statistics (each rank's, as in every data-parallel run without SyncBatchNo
 4 computes exactly what the two ranks compute."""
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lidar_data import make_scenes, write_kitti
-from test_crash_resume import assert_killed_run_matches_uninterrupted, two_process_losses
+from test_crash_resume import assert_killed_run_matches_uninterrupted, launch, two_process_losses, wait_for_progress
 
 RECIPE = "pointpillars_kitti"
 SMALL = ["data.args.max_points_per_voxel=8", "data.args.point_cloud_range=[0, -25.6, -3, 40.96, 25.6, 1]",
@@ -46,3 +49,49 @@ def test_two_processes_on_pointpillars_match_one_accumulating_the_same_micro_bat
     losses = two_process_losses(RECIPE, common, common, tmp_path)
     assert len(losses[0]) == 5
     np.testing.assert_allclose(losses[1], losses[0], atol=1e-5, rtol=0)
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads Linux's /proc")
+def test_a_sigkilled_trainer_takes_its_data_workers_with_it(drives, tmp_path):
+    """The OOM killer or `kill -9` on a trainer: its DataLoader workers die with it at once (PR_SET_PDEATHSIG), not
+    after torch's 5-second check of the parent, nor never (a worker blocked on a full pipe never checks)."""
+    run = tmp_path / "run"
+    proc = launch(run, [RECIPE, f"data.path={drives}", *SMALL, "data.num_workers=2", "train.max_steps=500",
+                        "train.global_batch_size=2", "train.micro_batch_size=2", "train.checkpoint_every_steps=1"])
+    try:
+        assert wait_for_progress(proc, run)
+        workers = children_of(proc.pid)
+        assert len(workers) >= 2, workers
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 2.0  # torch's own check of the parent waits 5 s (MP_STATUS_CHECK_INTERVAL)
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [w for w in workers if alive(w)]
+    for w in left:
+        os.kill(w, signal.SIGKILL)
+    assert not left, f"data workers {left} outlived their SIGKILLed trainer"

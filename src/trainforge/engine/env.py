@@ -8,11 +8,9 @@ three and as a plain single process. NCCL on GPUs, gloo on the CPU, one GPU per 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import datetime
 import os
 import signal
-import sys
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -21,6 +19,7 @@ import torch.distributed as dist
 
 from trainforge.errors import UserError
 from trainforge.hardware.device import resolve_device
+from trainforge.processes import die_with_parent
 
 TIMEOUT = datetime.timedelta(minutes=10)
 
@@ -61,9 +60,6 @@ def launched_worker() -> bool:
     return started_by_torchrun() or detect()[2] > 1
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
 def die_with_launcher() -> None:
     """A torchrun worker is killed (SIGKILL) when its agent dies.
 
@@ -73,11 +69,7 @@ def die_with_launcher() -> None:
     SIGTERM: a graceful stop would make every rank checkpoint and exit 0, ending the whole job instead of
     letting the remaining nodes restart without this one. (No check of the parent pid afterwards: an agent
     that is a container's pid 1 is a live parent.) Linux only; elsewhere a no-op."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    die_with_parent(signal.SIGKILL)
 
 
 @contextlib.contextmanager

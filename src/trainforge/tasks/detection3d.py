@@ -69,7 +69,9 @@ def collate_frames(samples: list, *, point_cloud_range: tuple, voxel_size: tuple
         labels = np.asarray(target["labels"], dtype=np.int64).reshape(-1)
         pillars.append(p)
         targets.append(center_targets(boxes, labels, num_classes, grid, MAX_OBJECTS))
-        frame = {"boxes": boxes, "labels": labels, "points": np.asarray(points)}  # points: served and pictured
+        frame = {"boxes": boxes, "labels": labels}
+        if not fixed:  # evaluation's frames keep their points: compress serves them, the report draws them
+            frame["points"] = np.asarray(points)
         if "difficulty" in target:
             frame["difficulty"] = np.asarray(target["difficulty"], dtype=np.int64).reshape(-1)
         frames.append(frame)

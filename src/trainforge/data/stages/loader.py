@@ -22,6 +22,7 @@ from trainforge.config import TrainConfig
 from trainforge.data.seeding import generator_for
 from trainforge.errors import UserError
 from trainforge.hardware.cpus import available_cpus
+from trainforge.processes import die_with_parent
 
 Key = tuple[int, int]  # (epoch, index): what TrainDataset is indexed by
 
@@ -176,9 +177,11 @@ def ignore_stop_signals(worker_id: int) -> None:
     """A data worker's init: SIGTERM and SIGINT are the trainer's to act on. They often reach the whole process
     group (torchrun and Slurm preempting, the job server cancelling, Ctrl-C in a terminal); a worker they
     killed would crash the trainer ("DataLoader worker exited unexpectedly") instead of letting it finish the
-    step and checkpoint. The trainer still ends its workers, and a worker still exits when the trainer dies."""
+    step and checkpoint. The trainer still ends its workers, and a worker is SIGKILLed when the trainer dies
+    (trainforge.processes: torch's own check of the parent never runs in a worker blocked on a full pipe)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
 
 
 def make_train_loader(
