@@ -65,3 +65,16 @@ def test_the_loss_is_near_zero_for_a_perfect_head_and_grows_with_error():
     assert good["regression"] < 1e-6
     worse = dict(perfect, size=perfect["size"] + 0.2)
     assert center_loss(worse, *batch)["regression"] > good["regression"] + 0.01
+
+
+def test_a_box_and_its_turn_by_pi_share_the_axis_target_and_differ_in_direction():
+    """The footprint of yaw and yaw + pi is one: the regressed axis (sin, cos of 2 yaw) is the same for both, so it
+    is learnable from points that do not show the front; the direction classifier's target tells them apart."""
+    for yaw in (0.3, -1.2, 2.9, math.pi / 2, -math.pi / 2 + 1e-3):
+        a = center_targets(np.array([[10.0, 0, -1, 4, 2, 1.5, yaw]]), [0], 3, GRID, max_objects=1)
+        b = center_targets(np.array([[10.0, 0, -1, 4, 2, 1.5, yaw + math.pi]]), [0], 3, GRID, max_objects=1)
+        assert np.allclose(a.regression[0, :8], b.regression[0, :8], atol=1e-6)
+        assert a.regression[0, 8] + b.regression[0, 8] == 1.0
+        for t, want in ((a, yaw), (b, yaw + math.pi)):
+            boxes, _, _ = decode(maps_of(t, GRID), GRID)
+            assert abs(math.remainder(boxes[0, 6] - want, 2 * math.pi)) < 1e-5

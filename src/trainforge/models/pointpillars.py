@@ -6,8 +6,9 @@ CVPR 2021): no compiled ops, so it runs on the CPU and on any GPU, and it export
          mean and from the pillar's centre), max over the points            -> (B, V, C)
       -> scatter to the BEV pseudo-image                                    -> (B, C, rows, columns)
       -> 2D backbone (three strided blocks) and an upsampling neck, concatenated -> (B, 3 x U, rows/s, columns/s)
-      -> head: per-class centre heatmap logits, and at each cell the centre's offset within it, z, log size and
-         the heading as (sin, cos)                                          -> {"heatmap", "offset", "z", "size", "heading"}
+      -> head: per-class centre heatmap logits, and at each cell the centre's offset within it, z, log size, the
+         box's axis as (sin, cos) of twice the yaw and the direction along it (a logit)
+                                                     -> {"heatmap", "offset", "z", "size", "heading", "direction"}
 
 Shapes are fixed by the batch's V (max_voxels; a padding pillar has count 0 and is scattered to a cell that is
 dropped), so a fake-tensor simulation follows a training step exactly. Batch norm over the points counts real points
@@ -30,7 +31,7 @@ from trainforge.models.zoo import DataFit, register_model
 from trainforge.points3d import grid_size
 from trainforge.tasks.centers3d import OUTPUT_STRIDE
 
-HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "heading": 2}
+HEAD_CHANNELS = {"offset": 2, "z": 1, "size": 3, "heading": 2, "direction": 1}
 HEATMAP_PRIOR = 0.1  # the heatmap logits start at the log-odds of 0.1 (CenterNet's -2.19): few cells are centres
 
 

@@ -8,7 +8,10 @@ x in [x_min + column * dx * stride, ...), y likewise):
   offset   (2, H, W): the centre's x, y within its cell, in cells (0..1)
   z        (1, H, W): the centre's height, metres
   size     (3, H, W): log of l, w, h, metres
-  heading  (2, H, W): sin and cos of yaw
+  heading  (2, H, W): sin and cos of twice the yaw: the box's axis, which a cuboid's points show (yaw and yaw + pi
+           give the same footprint, so a regression of sin and cos of the yaw itself is pulled to 0 by the two)
+  direction (1, H, W): a logit that the heading is the axis angle (in (-pi/2, pi/2]) rather than it plus pi,
+           OpenPCDet's direction classifier
 
     t = center_targets(boxes, labels, num_classes, Grid(point_cloud_range, voxel_size, stride=2), max_objects=64)
     loss = center_loss(maps, t)                       # focal on the heatmap + L1 on the regressions at the centres
@@ -25,7 +28,8 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-REGRESSION = 8  # offset x, y; z; log l, w, h; sin, cos
+REGRESSION = 9  # offset x, y; z; log l, w, h; sin 2 yaw, cos 2 yaw; the direction (1: yaw in (-pi/2, pi/2])
+DIRECTION_WEIGHT = 0.2  # the direction classifier's share of the loss (OpenPCDet's dir_weight)
 OUTPUT_STRIDE = 2  # the head's maps are at half the pillar grid's resolution (models/pointpillars.py)
 MIN_RADIUS = 2  # cells: the smallest Gaussian drawn (CenterPoint's min_radius)
 MIN_OVERLAP = 0.1  # CenterNet's radius: the centre may move this far while the box keeps this IoU with the truth
@@ -69,7 +73,7 @@ class Targets:
     heatmap: np.ndarray     # float32 (C, H, W)
     index: np.ndarray       # int64 (K,): row * W + column of each box's centre cell (0 for an empty slot)
     mask: np.ndarray        # float32 (K,): 1 for a box, 0 for an empty slot
-    regression: np.ndarray  # float32 (K, 8)
+    regression: np.ndarray  # float32 (K, REGRESSION)
 
 
 def center_targets(boxes: np.ndarray, labels: np.ndarray, num_classes: int, grid: Grid, max_objects: int) -> Targets:
@@ -96,8 +100,9 @@ def center_targets(boxes: np.ndarray, labels: np.ndarray, num_classes: int, grid
         heatmap[int(label)] = np.maximum(heatmap[int(label)], g.astype(np.float32))
         index[k] = row * columns + column
         mask[k] = 1.0
+        yaw = math.atan2(math.sin(box[6]), math.cos(box[6]))  # in (-pi, pi]
         regression[k] = [cx - column, cy - row, box[2], math.log(box[3]), math.log(box[4]), math.log(box[5]),
-                         math.sin(box[6]), math.cos(box[6])]
+                         math.sin(2 * yaw), math.cos(2 * yaw), float(-math.pi / 2 < yaw <= math.pi / 2)]
         k += 1
     return Targets(heatmap, index, mask, regression)
 
@@ -110,6 +115,7 @@ def gather(maps: "torch.Tensor", index: "torch.Tensor") -> "torch.Tensor":
 
 
 def regression_of(maps: dict[str, "torch.Tensor"]) -> "torch.Tensor":
+    """The 8 regressed channels (offset, z, size, heading) of the head's maps, (B, 8, H, W)."""
     import torch
 
     return torch.cat([maps["offset"], maps["z"], maps["size"], maps["heading"]], dim=1)
@@ -132,11 +138,17 @@ def focal_loss(logits: "torch.Tensor", target: "torch.Tensor", alpha: float = 2.
 
 def center_loss(maps: dict[str, "torch.Tensor"], heatmap: "torch.Tensor", index: "torch.Tensor", mask: "torch.Tensor",
                 regression: "torch.Tensor", regression_weight: float = 0.25) -> dict[str, "torch.Tensor"]:
-    """{"heatmap": focal loss, "regression": L1 of the 8 values at the boxes' centre cells, per box}."""
+    """{"heatmap": focal loss, "regression": L1 of the 8 regressed values at the boxes' centre cells, per box,
+    "direction": the direction classifier's binary cross-entropy there}."""
+    import torch.nn.functional as F
+
     predicted = gather(regression_of(maps).float(), index)  # (B, K, 8)
-    m = mask.unsqueeze(-1)
-    l1 = ((predicted - regression).abs() * m).sum() / mask.sum().clamp_min(1.0)
-    return {"heatmap": focal_loss(maps["heatmap"], heatmap), "regression": regression_weight * l1}
+    boxes = mask.sum().clamp_min(1.0)
+    l1 = ((predicted - regression[..., :8]).abs() * mask.unsqueeze(-1)).sum() / boxes
+    direction = gather(maps["direction"].float(), index)[..., 0]  # (B, K) logits
+    bce = (F.binary_cross_entropy_with_logits(direction, regression[..., 8], reduction="none") * mask).sum() / boxes
+    return {"heatmap": focal_loss(maps["heatmap"], heatmap), "regression": regression_weight * l1,
+            "direction": DIRECTION_WEIGHT * bce}
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -168,9 +180,11 @@ def decode(maps: dict[str, np.ndarray], grid: Grid, top_k: int = 100, score_thre
     z = np.asarray(maps["z"], dtype=np.float64).reshape(-1)[cell]
     size = np.exp(np.asarray(maps["size"], dtype=np.float64).reshape(3, -1)[:, cell])
     heading = np.asarray(maps["heading"], dtype=np.float64).reshape(2, -1)[:, cell]
+    forward = np.asarray(maps["direction"], dtype=np.float64).reshape(-1)[cell] >= 0
     x = (column + off[0]) * dx + r[0]
     y = (row + off[1]) * dy + r[1]
-    yaw = np.arctan2(heading[0], heading[1])
+    axis = np.arctan2(heading[0], heading[1]) / 2  # in (-pi/2, pi/2]
+    yaw = np.where(forward, axis, np.where(axis > 0, axis - np.pi, axis + np.pi))
     boxes = np.column_stack([x, y, z, size[0], size[1], size[2], yaw]).reshape(-1, 7)
     return boxes, scores[order], label.astype(np.int64)
 
@@ -185,5 +199,6 @@ def maps_of(targets: Targets, grid: Grid, confident: float = 8.0) -> dict[str, n
     live = targets.mask > 0
     flat[:, targets.index[live]] = targets.regression[live].T
     flat = flat.reshape(REGRESSION, rows, columns)
-    out.update(offset=flat[0:2], z=flat[2:3], size=flat[3:6], heading=flat[6:8])
+    direction = np.where(flat[8:9] > 0.5, confident, -confident).astype(np.float32)
+    out.update(offset=flat[0:2], z=flat[2:3], size=flat[3:6], heading=flat[6:8], direction=direction)
     return out

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from trainforge.tasks.base import Evaluation, ExportSignature, Feeds, Runner, Task, register_task
-from trainforge.tasks.centers3d import OUTPUT_STRIDE, Grid, center_loss, center_targets, decode
+from trainforge.tasks.centers3d import OUTPUT_STRIDE, REGRESSION, Grid, center_loss, center_targets, decode
 from trainforge.tasks.metrics3d import Found, Truth, evaluate3d
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ METRICS = ("map_bev", "map_3d", "map_center")
 # the exported graph (one frame's pillars in, the head's maps out) and what `serve` gives for a batch of frames: each
 # frame's decoded boxes, best first, padded to TOP_K rows (label -1, score 0)
 GRAPH_INPUTS = ("voxels", "counts", "coords")
-GRAPH_OUTPUTS = ("heatmap", "offset", "z", "size", "heading")
+GRAPH_OUTPUTS = ("heatmap", "offset", "z", "size", "heading", "direction")
 SERVED_INPUT = "points"
 SERVED_OUTPUTS = ("boxes", "scores", "labels")
 SHOWN_SCORE = 0.3  # predict's `objects` counts and the pictures' red boxes: detections scoring at least this
@@ -142,14 +142,14 @@ class Detection3D(Task):
         heads = {"heatmap": torch.zeros(batch_size, info.num_classes, rows, columns, device=device),
                  "index": torch.arange(MAX_OBJECTS, device=device).repeat(batch_size, 1),
                  "mask": (torch.arange(MAX_OBJECTS, device=device) < EXAMPLE_BOXES).float().repeat(batch_size, 1),
-                 "regression": torch.zeros(batch_size, MAX_OBJECTS, 8, device=device)}
+                 "regression": torch.zeros(batch_size, MAX_OBJECTS, REGRESSION, device=device)}
         return inputs, heads, []
 
 
     # ---- export and serving: the network is the graph; pillars and decoding are numpy, in `serve`
     def export_signature(self, info: Any) -> ExportSignature:
         """One frame's pillars in (voxels (1, V, P, F), counts (1, V), coords (1, V, 2), V its own pillars), the head's
-        maps out (heatmap (1, C, H, W), offset, z, size, heading)."""
+        maps out (heatmap (1, C, H, W), offset, z, size, heading, direction)."""
         return ExportSignature(GRAPH_INPUTS, GRAPH_OUTPUTS, {name: {1: "pillars"} for name in GRAPH_INPUTS})
 
     def served_inputs(self, info: Any) -> list[dict[str, Any]]:
