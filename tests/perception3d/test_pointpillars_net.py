@@ -72,6 +72,40 @@ def test_masked_batch_norm_is_batch_norm_over_the_real_rows():
     assert torch.allclose(ours.running_mean, theirs.running_mean) and torch.allclose(ours.running_var, theirs.running_var)
 
 
+def test_the_folded_norm_is_a_linear_layer_then_batch_norm_over_the_real_rows():
+    """The pillar net's linear layer and masked batch norm as one affine map (its statistics from the features'
+    moments) against torch's Linear and BatchNorm1d on the real rows: outputs, running statistics, gradients; and in
+    eval mode against the running statistics."""
+    torch.manual_seed(3)
+    features = torch.randn(3, 50, 6, 9) * 2 + 1
+    mask = torch.rand(3, 50, 6) > 0.5
+    features = features * mask.unsqueeze(-1)
+    linear = torch.nn.Linear(9, 16, bias=False)
+    ours = MaskedBatchNorm(16, momentum=0.1, eps=1e-3).train()
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        ours.bias.uniform_(-0.5, 0.5)
+    theirs = torch.nn.BatchNorm1d(16, momentum=0.1, eps=1e-3).train()
+    theirs.load_state_dict({k: v.clone() for k, v in ours.state_dict().items()}, strict=False)
+    w_ours = linear.weight.detach().clone().requires_grad_(True)
+    w_theirs = linear.weight.detach().clone().requires_grad_(True)
+    weight, bias = ours.folded(features, mask, w_ours)
+    got = torch.nn.functional.linear(features, weight, bias)[mask]
+    want = theirs(torch.nn.functional.linear(features[mask], w_theirs))
+    assert torch.allclose(got, want, atol=1e-4)
+    assert torch.allclose(ours.running_mean, theirs.running_mean, atol=1e-5)
+    assert torch.allclose(ours.running_var, theirs.running_var, rtol=1e-4)
+    probe = torch.randn_like(want)
+    (got * probe).sum().backward()
+    (want * probe).sum().backward()
+    assert torch.allclose(w_ours.grad, w_theirs.grad, atol=1e-3, rtol=1e-3)
+    ours.eval()
+    theirs.eval()
+    weight, bias = ours.folded(features, mask, w_ours)
+    assert torch.allclose(torch.nn.functional.linear(features, weight, bias)[mask],
+                          theirs(torch.nn.functional.linear(features[mask], w_theirs)), atol=1e-4)
+
+
 def test_the_registered_factory_builds_it_for_the_datas_pillar_grid():
     from trainforge.config import ModelConfig
     from trainforge.data.base import DataInfo

@@ -61,10 +61,32 @@ class MaskedBatchNorm(nn.Module):
             mean, var = self.running_mean.to(x.dtype), self.running_var.to(x.dtype)
         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
 
+    def folded(self, features: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This norm after a bias-free linear layer (`weight` (C, F)) on `features` (..., F), zero where mask is
+        false, as one affine map: (weight', bias') with linear(features, weight', bias') = norm(linear(features,
+        weight)) on the rows where mask is true. The statistics come from the features' mean (F,) and second moment
+        (F, F), a few small matrix products, instead of passes over the (..., C) output: the pillar net's cost."""
+        if self.training:
+            flat = features.reshape(-1, features.shape[-1])
+            n = mask.sum().to(flat.dtype).clamp_min(1.0)
+            mean_f = flat.sum(0) / n
+            cov = flat.t() @ flat / n - torch.outer(mean_f, mean_f)  # (F, F) over the real rows (padding rows are 0)
+            mean = weight @ mean_f
+            var = ((weight @ cov) * weight).sum(1).clamp_min(0.0)  # diag(W cov W^T)
+            with torch.no_grad():
+                unbiased = var * n / (n - 1).clamp_min(1.0)
+                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+        else:
+            mean, var = self.running_mean.to(weight.dtype), self.running_var.to(weight.dtype)
+        scale = self.weight / torch.sqrt(var + self.eps)
+        return weight * scale.unsqueeze(1), self.bias - mean * scale
+
 
 class PillarFeatureNet(nn.Module):
     """Each pillar's points, with their offsets from the pillar's mean (3) and from its centre (x, y), through a
-    linear layer, masked batch norm and ReLU, then the max over the pillar's points."""
+    linear layer, masked batch norm (folded into the linear layer: MaskedBatchNorm.folded) and ReLU, then the max
+    over the pillar's points."""
 
     def __init__(self, point_features: int, channels: int, voxel_size, point_cloud_range) -> None:
         super().__init__()
@@ -81,9 +103,10 @@ class PillarFeatureNet(nn.Module):
         mean = (xyz * w).sum(-2, keepdim=True) / counts.clamp_min(1).to(voxels.dtype)[..., None, None]
         centre = (coords.flip(-1).to(voxels.dtype) + 0.5) * self.cell + self.origin    # (B, V, 2) as x, y
         features = torch.cat([voxels, xyz - mean, xyz[..., :2] - centre.unsqueeze(-2)], dim=-1) * w
-        x = torch.relu(self.norm(self.linear(features), mask))
-        x = x.masked_fill(~mask.unsqueeze(-1), float("-inf")).amax(dim=-2)             # (B, V, C)
-        return torch.where(counts.unsqueeze(-1) > 0, x, torch.zeros_like(x))
+        weight, bias = self.norm.folded(features, mask, self.linear.weight)             # linear + norm, one map
+        x = torch.relu(torch.nn.functional.linear(features, weight, bias)) * w          # padding points: 0
+        x = x.amax(dim=-2)                              # (B, V, C): a real point's value is >= 0, so padding's 0
+        return torch.where(counts.unsqueeze(-1) > 0, x, torch.zeros_like(x))  # never wins unless it ties
 
 
 def scatter_to_bev(features: torch.Tensor, coords: torch.Tensor, counts: torch.Tensor, rows: int,

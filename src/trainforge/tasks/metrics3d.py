@@ -132,22 +132,22 @@ def center_distance_ap(truths: list[Truth], found: list[Found], label: int, thre
 
 
 def evaluate3d(truths: list[Truth], found: list[Found], classes: list[str],
-               difficulty: list[np.ndarray] | None = None) -> dict:
+               difficulty: list[np.ndarray] | None = None, iou: dict[str, float] | None = None) -> dict:
     """eval.json's numbers: map_bev and map_3d (KITTI AP|R40, each class at its IoU, moderate difficulty where the
     truths carry difficulty levels), map_center (nuScenes' centre-distance AP over 0.5, 1, 2, 4 m), per_class with
     each class's numbers, and by difficulty where known. Classes without a counted ground-truth box are left out of
-    the means."""
+    the means. `iou`: a class's IoU threshold instead of KITTI's (KITTI's second table holds cars at 0.5)."""
     per_class: dict[str, dict] = {}
     levels = (0, 1, 2) if difficulty is not None else (None,)
     for label, name in enumerate(classes):
-        iou = iou_threshold(name)
-        row: dict = {"iou": iou}
+        threshold = (iou or {}).get(name, iou_threshold(name))
+        row: dict = {"iou": threshold}
         for level in levels:
             judged = truths if level is None else [
                 Truth(t.boxes, t.labels, t.ignore | (d < 0) | (d > level)) for t, d in zip(truths, difficulty)]
             suffix = "" if level is None else "_" + ("easy", "moderate", "hard")[level]
             for mode in ("bev", "3d"):
-                row[f"ap_{mode}{suffix}"] = ap_r40(judged, found, label, iou, mode)
+                row[f"ap_{mode}{suffix}"] = ap_r40(judged, found, label, threshold, mode)
         if difficulty is not None:  # the headline is the moderate level, as KITTI ranks
             row["ap_bev"], row["ap_3d"] = row["ap_bev_moderate"], row["ap_3d_moderate"]
         centre = [center_distance_ap(truths, found, label, t) for t in CENTER_THRESHOLDS_M]
