@@ -188,17 +188,30 @@ def write_kitti(root: Path, scenes: list[Scene], dont_care: bool = True) -> Path
     return root
 
 
+def write_points(path: Path, points: np.ndarray) -> Path:
+    """A frame's (N, 4) points as a .npy, .bin (float32 records) or .pcd file (x, y, z, intensity, through pypcd4)."""
+    points = np.ascontiguousarray(points, dtype=np.float32)
+    if path.suffix == ".npy":
+        np.save(path, points)
+    elif path.suffix == ".bin":
+        points.tofile(path)
+    elif path.suffix == ".pcd":
+        from pypcd4 import PointCloud
+
+        PointCloud.from_xyzi_points(points).save(path)
+    else:
+        raise ValueError(f"no points format {path.suffix}")
+    return path
+
+
 def write_openpcdet(root: Path, scenes: list[Scene], suffix: str = ".npy") -> Path:
-    """OpenPCDet's custom layout: points/*.npy (or .bin), labels/*.txt of `x y z dx dy dz heading class`,
+    """OpenPCDet's custom layout: points/*.npy (or .bin, or .pcd), labels/*.txt of `x y z dx dy dz heading class`,
     ImageSets/."""
     (root / "points").mkdir(parents=True, exist_ok=True)
     (root / "labels").mkdir(parents=True, exist_ok=True)
     for i, scene in enumerate(scenes):
         stem = f"{i:06d}"
-        if suffix == ".npy":
-            np.save(root / "points" / f"{stem}.npy", scene.points.astype(np.float32))
-        else:
-            scene.points.astype(np.float32).tofile(root / "points" / f"{stem}.bin")
+        write_points(root / "points" / f"{stem}{suffix}", scene.points)
         (root / "labels" / f"{stem}.txt").write_text("".join(
             " ".join(f"{v:.8f}" for v in box) + f" {name}\n" for box, name in zip(scene.boxes, scene.names)))
     write_image_sets(root, len(scenes))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import trainforge
-from lidar_data import CLASSES, make_scenes, write_kitti
+from lidar_data import CLASSES, make_scenes, write_kitti, write_points
 from test_detection3d_runs import overrides
 from trainforge.compression.artifact import input_specs
 from trainforge.compression.options import CompressOptions
@@ -121,6 +121,17 @@ def test_predict_serves_pytorchs_boxes_from_bin_files_without_torch(served, tmp_
         picture = pictures / f"{f.stem}.png"
         assert p["image"] == str(picture) and picture.stat().st_size > 1000
         assert set(p["objects"]) <= set(names)
+    # the same frames as .npy and .pcd files: the same detections as from the .bin
+    others = []
+    for f in files[:3]:
+        points = np.fromfile(f, dtype=np.float32).reshape(-1, 4)
+        others += [write_points(tmp_path / f"{f.stem}.npy", points), write_points(tmp_path / f"{f.stem}.pcd", points)]
+    proc = subprocess.run([sys.executable, "-m", "trainforge", "predict", str(run / "compressed" / "fp32.onnx"),
+                           *map(str, others), "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads(proc.stdout)["predictions"]
+    for i, p in enumerate(again):
+        assert p["detections"] == predictions[i // 2]["detections"], others[i]
 
 
 def test_compress_scores_the_served_model_as_evaluation_scored_it(served):

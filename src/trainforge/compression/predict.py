@@ -24,8 +24,8 @@ import numpy as np
 
 from trainforge.compression.artifact import FILE_NAMES, graph_input_names, input_specs, meta_from_session, output_names
 from trainforge.compression.recommend import ACCURACY_TOLERANCE_PT, recommend, servable
-from trainforge.compression.serving import (ARRAY_SUFFIXES, STDIN, array_samples, modality_reader, reads_arrays,
-                                            serves_files)
+from trainforge.compression.serving import (ARRAY_SUFFIXES, STDIN, array_samples, modality_reader, own_suffixes,
+                                            reads_arrays, serves_files)
 from trainforge.data.modalities.inputs import require_files, text_lines
 from trainforge.errors import UserError
 from trainforge.imports import import_module, where
@@ -272,16 +272,18 @@ def run_batch(artifact: Artifact, batch: Union[np.ndarray, dict[str, np.ndarray]
 
 def samples_of(artifact: Artifact, inputs: Sequence[str], stdin: Optional[BinaryIO]) -> Iterable[tuple[str, dict[str, np.ndarray]]]:
     """The INPUTs as samples ({input name: array}): arrays (.npz, .npy) for any model; otherwise the reader of the
-    modality of a model's one input (images, text lines, CSV rows)."""
+    modality of a model's one input (images, text lines, CSV rows, point clouds: whose .npy files are its own)."""
     specs = input_specs(artifact.meta)
-    if reads_arrays(inputs):
+    own = own_suffixes(artifact.meta.get("modality")) if len(specs) == 1 else ()
+    arrays = tuple(s for s in ARRAY_SUFFIXES if s not in own)  # a point cloud's .npy is its modality's file
+    if reads_arrays(inputs) and not (own and all(name.lower().endswith(own) for name in inputs)):
         return array_samples(inputs, specs)
     described = ", ".join(f"{i['name']} ({'x'.join(map(str, i['shape']))} {i['dtype']})" for i in specs)
     if len(specs) != 1 or not serves_files(artifact.meta.get("modality")):
         raise UserError(f"INPUT: this model takes {described}: pass {' or '.join(ARRAY_SUFFIXES)} files holding "
                         "an array of each name (numpy.savez), one sample or a batch along axis 0")
-    if any(name.lower().endswith(ARRAY_SUFFIXES) for name in inputs):
-        raise UserError(f"INPUT: pass either arrays ({', '.join(ARRAY_SUFFIXES)}) or {artifact.meta['modality']} "
+    if any(name.lower().endswith(arrays) for name in inputs):
+        raise UserError(f"INPUT: pass either arrays ({', '.join(arrays)}) or {artifact.meta['modality']} "
                         "inputs, not both in one call")
     key = str(specs[0]["name"])
     read = modality_reader(artifact.meta, str(artifact.path), stdin)

@@ -26,7 +26,8 @@ from trainforge.data.modalities import MODALITIES, Reader
 from trainforge.data.modalities.inputs import STDIN, require_files
 from trainforge.errors import UserError
 
-__all__ = ["STDIN", "ARRAY_SUFFIXES", "modality_reader", "serves_files", "reads_arrays", "array_samples"]
+__all__ = ["STDIN", "ARRAY_SUFFIXES", "modality_reader", "own_suffixes", "serves_files", "reads_arrays",
+           "array_samples"]
 
 ARRAY_SUFFIXES = (".npz", ".npy")
 MAX_ARRAY_BYTES = 4 << 30  # what one .npy/.npz INPUT may hold once read (a 1024^3 float32 volume)
@@ -35,6 +36,11 @@ MAX_ARRAY_BYTES = 4 << 30  # what one .npy/.npz INPUT may hold once read (a 1024
 def serves_files(modality: Optional[str]) -> bool:
     """Whether predict reads a model of this one input's modality from the user's own files (else arrays only)."""
     return modality in MODALITIES and bool(MODALITIES.get(modality).served)
+
+
+def own_suffixes(modality: Optional[str]) -> tuple[str, ...]:
+    """The array suffixes a modality's reader takes as its own files (a point cloud's .npy), else ()."""
+    return MODALITIES.get(modality).own_suffixes if modality in MODALITIES else ()
 
 
 def modality_reader(meta: dict[str, Any], artifact: str, stdin: Optional[BinaryIO] = None) -> Reader:

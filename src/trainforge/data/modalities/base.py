@@ -45,6 +45,8 @@ class Modality:
     # or "ignore" (a warning)
     model_preprocessing: ClassVar[str] = "ignore"
     served: ClassVar[str] = ""  # what `trainforge predict` reads for this modality ("" when only arrays)
+    # file suffixes the reader takes that predict would otherwise read as arrays (a point cloud's .npy)
+    own_suffixes: ClassVar[tuple[str, ...]] = ()
 
     @property
     def channel_view(self) -> tuple[int, ...]:

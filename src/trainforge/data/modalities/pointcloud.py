@@ -19,6 +19,7 @@ class PointCloud(Modality):
     spatial_dims = 0
     scaled = False  # metres and a reflectance: the pillar net's batch norm scales them
     served = "point cloud files (.bin, .npy, .pcd)"
+    own_suffixes = (".npy",)  # an (N, F) array of points is a point cloud file, read as training read it
 
     def augmenter(self, cfg: Any, info: Any, value_range: tuple[float, float], task: Any) -> tuple[Any, tuple[str, ...], str]:
         from trainforge.data.stages.augment import POINT_OPS, build_point_augment
