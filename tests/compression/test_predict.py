@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+from no_torch import NO_TORCH
 from trainforge.cli import main
 from trainforge.compression import artifact
 from trainforge.compression.predict import predict, rank, resolve_artifact, softmax
@@ -431,19 +432,6 @@ def test_an_int8_quantized_artifact_is_served(tabular, tmp_path, capsys):
 # ---- (b) the serving path imports nothing of torch ----------------------------------------------------
 
 
-NO_TORCH = """\
-import json, sys
-sys.modules["torch"] = None  # any `import torch` from here on raises ImportError
-from trainforge.cli import main
-code = 0
-try:
-    main(sys.argv[1:])
-except SystemExit as e:
-    code = e.code or 0
-loaded = sorted(m for m, mod in sys.modules.items() if m.startswith("torch") and mod is not None)
-sys.stderr.write("TORCH_MODULES=" + json.dumps(loaded) + "\\n")
-sys.exit(code)
-"""
 
 
 @pytest.mark.parametrize("modality", ["image", "text", "tabular"])

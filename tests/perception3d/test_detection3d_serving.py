@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import trainforge
+from no_torch import NO_TORCH
 from lidar_data import CLASSES, make_scenes, write_kitti, write_points
 from test_detection3d_runs import overrides
 from trainforge.compression.artifact import input_specs
@@ -26,19 +27,6 @@ from trainforge.tasks.detection3d import SCORE_THRESHOLD, TOP_K, collate_frames,
 from trainforge.training.artifacts import load_trained
 
 FRAMES = 16
-NO_TORCH = """\
-import json, sys
-sys.modules["torch"] = None  # any `import torch` from here on raises ImportError
-from trainforge.cli import main
-code = 0
-try:
-    main(sys.argv[1:])
-except SystemExit as e:
-    code = e.code or 0
-loaded = sorted(m for m, mod in sys.modules.items() if m.startswith("torch") and mod is not None)
-sys.stderr.write("TORCH_MODULES=" + json.dumps(loaded) + "\\n")
-sys.exit(code)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +145,26 @@ def test_the_report_draws_validation_frames_from_above(served):
     picture = np.asarray(Image.open(run / "val_images.png").convert("RGB"))
     green = (picture[..., 1] > 180) & (picture[..., 0] < 100)
     assert picture.shape[0] > 300 and green.sum() > 50  # true boxes drawn in green over the points
+
+
+def test_an_artifact_whose_pillar_settings_claim_too_much_is_one_line(served, tmp_path):
+    """A damaged or hostile artifact claiming 10^9 points a pillar would have serving allocate that much for every
+    frame: predict refuses it in one line, exit 2."""
+    import onnx
+
+    from trainforge.compression import artifact
+    from trainforge.integrity import write_manifest
+
+    drives, run, _ = served
+    loaded = load_artifact(run / "compressed" / "fp32.onnx")
+    meta = dict(loaded.meta, preprocess={**loaded.meta["preprocess"], "max_points_per_voxel": 10 ** 9})
+    proto = onnx.load(run / "compressed" / "fp32.onnx")
+    artifact.embed_meta(proto, meta)
+    (tmp_path / "bad").mkdir()
+    onnx.save(proto, tmp_path / "bad" / "fp32.onnx")
+    write_manifest(tmp_path / "bad")
+    frame = sorted((drives / "velodyne").glob("*.bin"))[0]
+    proc = subprocess.run([sys.executable, "-m", "trainforge", "predict", str(tmp_path / "bad" / "fp32.onnx"),
+                           str(frame)], capture_output=True, text=True, timeout=120)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "pillar settings are damaged" in lines[0], proc.stderr

@@ -46,6 +46,13 @@ class MaskedBatchNorm(nn.Module):
         self.register_buffer("running_var", torch.ones(channels))
         self.momentum, self.eps = momentum, eps
 
+    @torch.no_grad()
+    def _update_running(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
+        """The running statistics move towards this batch's mean and unbiased variance (n real rows)."""
+        unbiased = var * n / (n - 1).clamp_min(1.0)
+        self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
+        self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         w = mask.to(x.dtype).unsqueeze(-1)
         if self.training:
@@ -53,10 +60,7 @@ class MaskedBatchNorm(nn.Module):
             n = w.sum().clamp_min(1.0)
             mean = (x * w).sum(dims) / n
             var = (((x - mean) ** 2) * w).sum(dims) / n
-            with torch.no_grad():
-                unbiased = var * n / (n - 1).clamp_min(1.0)
-                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
-                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+            self._update_running(mean, var, n)
         else:
             mean, var = self.running_mean.to(x.dtype), self.running_var.to(x.dtype)
         return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias
@@ -73,10 +77,7 @@ class MaskedBatchNorm(nn.Module):
             cov = flat.t() @ flat / n - torch.outer(mean_f, mean_f)  # (F, F) over the real rows (padding rows are 0)
             mean = weight @ mean_f
             var = ((weight @ cov) * weight).sum(1).clamp_min(0.0)  # diag(W cov W^T)
-            with torch.no_grad():
-                unbiased = var * n / (n - 1).clamp_min(1.0)
-                self.running_mean.lerp_(mean.detach().to(self.running_mean.dtype), self.momentum)
-                self.running_var.lerp_(unbiased.detach().to(self.running_var.dtype), self.momentum)
+            self._update_running(mean, var, n)
         else:
             mean, var = self.running_mean.to(weight.dtype), self.running_var.to(weight.dtype)
         scale = self.weight / torch.sqrt(var + self.eps)

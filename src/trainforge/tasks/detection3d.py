@@ -19,6 +19,7 @@ it points (`served_inputs`), and draws the frame from above (tasks/bev.py), as t
 from __future__ import annotations
 
 import functools
+import math
 from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
@@ -43,6 +44,9 @@ MAX_OBJECTS = 64  # boxes a frame's targets hold (KITTI's busiest frames have ab
 TOP_K = 100  # detections decoded a frame (KITTI's evaluation counts up to 100)
 SCORE_THRESHOLD = 0.1
 EXAMPLE_BOXES = 8  # the planner's example frame: boxes a frame
+# an artifact's pillar settings predict accepts (data.args' own limits): a damaged or hostile one that claims more
+# would have serving allocate (pillars x points a pillar x features) floats for every frame
+MAX_POINTS_PER_VOXEL, MAX_VOXELS = 1024, 1_000_000
 
 
 def pillar_settings(info: Any) -> dict[str, Any]:
@@ -255,7 +259,8 @@ def served_settings(meta: dict[str, Any]) -> dict[str, Any]:
     except (KeyError, TypeError, ValueError, IndexError):
         raise ValueError("its preprocessing record lacks the pillar settings (point_cloud_range, voxel_size, "
                          "max_points_per_voxel, max_voxels); re-export it with `trainforge compress`") from None
-    if len(point_range) != 6 or len(voxel) != 3 or min(voxel) <= 0 or max_points < 1 or max_voxels < 1:
+    if (len(point_range) != 6 or len(voxel) != 3 or min(voxel) <= 0 or not 1 <= max_points <= MAX_POINTS_PER_VOXEL
+            or not 1 <= max_voxels <= MAX_VOXELS or not all(math.isfinite(v) for v in point_range + voxel)):
         raise ValueError("its pillar settings are damaged; re-export it with `trainforge compress`")
     return {"point_cloud_range": tuple(point_range), "voxel_size": tuple(voxel), "max_points": max_points,
             "max_voxels": max_voxels}
